@@ -1,0 +1,373 @@
+"""The sans-IO orchestrator core: every request's state and the decision table.
+
+Nothing here awaits, and nothing imports trio or asyncio. Like h11 or h2, the core is
+fed events (a request was admitted, a stage sent an output, a submit failed, the user
+aborted) and buffers what the driver must do in response: outputs for the user
+(:meth:`OrchestratorCore.take_outputs`) and commands for the stages
+(:meth:`OrchestratorCore.take_commands`). The Trio orchestrator and the asyncio twin
+are thin drivers around it, so the seed's decision table lives in exactly one place.
+
+Because every method runs to completion without yielding, a driver that calls it from
+a single task needs no lock: whatever a method reads and writes is consistent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any, Literal, TypeAlias
+
+import attrs
+
+from ._messages import OrchOutput, StageOutput
+
+__all__ = [
+    "Abort",
+    "Command",
+    "ForwardFn",
+    "Mode",
+    "OrchestratorCore",
+    "PrewarmFn",
+    "ReqState",
+    "Submit",
+]
+
+logger = logging.getLogger("omni_trio")
+
+Mode = Literal["forward", "async_chunk"]
+PrewarmFn: TypeAlias = Callable[[int, Any], Any]
+"""``prewarm_fn(stage_id, prompt) -> placeholder input`` for stage ``stage_id``."""
+ForwardFn: TypeAlias = Callable[[int, list[Any]], Any]
+"""``forward_fn(stage_id, outputs) -> input for stage_id + 1``."""
+
+
+@attrs.frozen
+class Submit:
+    """Command: call ``stages[stage_id].submit(request_id, inputs)``."""
+
+    stage_id: int
+    request_id: str
+    inputs: Any
+    seq: int
+    """Admission number of the request; tells a reused request id's lives apart."""
+
+
+@attrs.frozen
+class Abort:
+    """Command: call ``stages[stage_id].abort(request_id)``."""
+
+    stage_id: int
+    request_id: str
+
+
+Command: TypeAlias = Submit | Abort
+
+
+@attrs.define(eq=False)
+class ReqState:
+    """What the orchestrator knows about one in-flight request.
+
+    Attributes:
+      submitted: Stages the request was submitted to (async_chunk: all of
+          ``0..last_stage``, marked at admission before any submit is issued).
+      finished: Stages that reported ``finished=True`` for the request.
+      pending_final: The already-built ``"completed"`` terminal, held until every
+          submitted stage has finished.
+      forward_data: forward mode only: non-``None`` data per stage, kept until the
+          stage finishes and ``forward_fn`` turns it into the next stage's input.
+    """
+
+    request_id: str
+    seq: int
+    final_stage_ids: frozenset[int]
+    last_stage: int
+    submitted: set[int] = attrs.field(factory=set)
+    finished: set[int] = attrs.field(factory=set)
+    pending_final: OrchOutput | None = None
+    forward_data: dict[int, list[Any]] = attrs.field(factory=dict)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def validate_final_stage_ids(final_stage_ids: Iterable[int], num_stages: int) -> frozenset[int]:
+    """Check that ``final_stage_ids`` is a non-empty set of valid stage indexes."""
+    if isinstance(final_stage_ids, (str, bytes)) or not isinstance(final_stage_ids, Iterable):
+        raise TypeError(
+            f"final_stage_ids must be a collection of stage indexes, got {final_stage_ids!r}"
+        )
+    finals = frozenset(final_stage_ids)
+    if not finals:
+        raise ValueError("final_stage_ids must name at least one stage")
+    for sid in sorted(finals, key=repr):
+        if not isinstance(sid, int) or isinstance(sid, bool):
+            raise TypeError(f"final_stage_ids must hold stage indexes (int), got {sid!r}")
+        if not 0 <= sid < num_stages:
+            raise ValueError(
+                f"final_stage_ids contains {sid}, but the pipeline has {num_stages} "
+                f"stage{'s' if num_stages != 1 else ''} (valid indexes: 0..{num_stages - 1})"
+            )
+    return finals
+
+
+class OrchestratorCore:
+    """The per-request state machine of an orchestrator, with no I/O.
+
+    Args:
+      num_stages: How many stages the pipeline has.
+      final_stage_ids: The user-facing stages; ``last_stage = max(final_stage_ids)``
+          and stages after it are never submitted.
+      forward_fn: Selects forward mode (see :data:`ForwardFn`).
+      prewarm_fn: Selects async_chunk mode (see :data:`PrewarmFn`).
+
+    Exactly one of ``forward_fn`` and ``prewarm_fn`` must be given.
+    """
+
+    def __init__(
+        self,
+        num_stages: int,
+        final_stage_ids: Iterable[int],
+        *,
+        forward_fn: ForwardFn | None = None,
+        prewarm_fn: PrewarmFn | None = None,
+    ) -> None:
+        if not isinstance(num_stages, int) or num_stages < 1:
+            raise ValueError(f"a pipeline needs at least one stage, got {num_stages!r}")
+        if (forward_fn is None) == (prewarm_fn is None):
+            raise ValueError(
+                "give exactly one of forward_fn (forward mode) and prewarm_fn (async_chunk mode)"
+            )
+        for name, fn in (("forward_fn", forward_fn), ("prewarm_fn", prewarm_fn)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} must be callable, got {fn!r}")
+        self.num_stages = num_stages
+        self.final_stage_ids = validate_final_stage_ids(final_stage_ids, num_stages)
+        self.last_stage = max(self.final_stage_ids)
+        self.mode: Mode = "forward" if forward_fn is not None else "async_chunk"
+        self._forward_fn = forward_fn
+        self._prewarm_fn = prewarm_fn
+        self._requests: dict[str, ReqState] = {}
+        self._outputs: list[OrchOutput] = []
+        self._commands: list[Command] = []
+        self._seq = 0
+        #: Totals since creation.
+        self.admitted = 0
+        self.completed = 0
+        self.aborted = 0
+        self.errored = 0
+        self.dropped_outputs = 0
+
+    # -- what the driver reads -----------------------------------------------------
+
+    def take_outputs(self) -> list[OrchOutput]:
+        """Return and forget the outputs for the user, in the order they were decided."""
+        outputs, self._outputs = self._outputs, []
+        return outputs
+
+    def take_commands(self) -> list[Command]:
+        """Return and forget the stage commands, in the order they were decided.
+
+        A driver must deliver the commands of one stage in this order (a request's
+        ``Abort`` always follows its ``Submit``); commands of different stages are
+        independent.
+        """
+        commands, self._commands = self._commands, []
+        return commands
+
+    @property
+    def in_flight(self) -> int:
+        """Requests admitted and not yet ended."""
+        return len(self._requests)
+
+    @property
+    def pending_final(self) -> int:
+        """In-flight requests whose terminal is held for a straggling stage."""
+        return sum(st.pending_final is not None for st in self._requests.values())
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._requests
+
+    def state(self, request_id: str) -> ReqState | None:
+        """The state of an in-flight request (for inspection; do not mutate it)."""
+        return self._requests.get(request_id)
+
+    # -- events ----------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt: Any) -> None:
+        """Admit a request and issue its first submits.
+
+        async_chunk: ``submitted = {0..last_stage}`` is recorded before any submit is
+        issued; stage 0 gets ``prompt``, stage k gets ``prewarm_fn(k, prompt)``. All
+        placeholders are built first, so a failing ``prewarm_fn`` submits nothing.
+        forward: stage 0 gets ``prompt``.
+
+        Raises:
+          ValueError: ``request_id`` is already in flight (nothing is submitted).
+        """
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        self._seq += 1
+        self.admitted += 1
+        st = ReqState(request_id, self._seq, self.final_stage_ids, self.last_stage)
+        if self._prewarm_fn is None:
+            st.submitted.add(0)
+            self._requests[request_id] = st
+            self._commands.append(Submit(0, request_id, prompt, st.seq))
+            return
+        inputs = [prompt]
+        for sid in range(1, st.last_stage + 1):
+            try:
+                inputs.append(self._prewarm_fn(sid, prompt))
+            except Exception as exc:
+                self._end(
+                    st, self._error(st, sid, f"prewarm_fn for stage {sid} raised {_describe(exc)}")
+                )
+                return
+        st.submitted.update(range(st.last_stage + 1))
+        self._requests[request_id] = st
+        self._commands.extend(
+            Submit(sid, request_id, stage_input, st.seq) for sid, stage_input in enumerate(inputs)
+        )
+
+    def receive_output(self, stage_id: int, output: object) -> None:
+        """Apply the decision table to one output of stage ``stage_id``.
+
+        ``output`` should be a :class:`StageOutput`; anything else is dropped (and
+        counted) like any other output that cannot be used.
+        """
+        if not isinstance(output, StageOutput):
+            self._drop(stage_id, output, "it is not a StageOutput", level=logging.WARNING)
+            return
+        try:
+            st = self._requests.get(output.request_id)
+        except TypeError:  # unhashable request_id
+            st = None
+        if st is None:
+            self._drop(stage_id, output, "the request is unknown or already ended")
+            return
+        if stage_id not in st.submitted:
+            self._drop(stage_id, output, "the stage was not submitted for the request")
+            return
+        if stage_id in st.finished:
+            self._drop(stage_id, output, "the stage already finished the request")
+            return
+        if output.error is not None:
+            self._fail(st, stage_id, f"stage {stage_id} failed: {output.error}")
+            return
+
+        if output.finished:
+            st.finished.add(stage_id)
+        data = output.data
+        forwards = self._forward_fn is not None and stage_id < st.last_stage
+        if forwards and data is not None:
+            st.forward_data.setdefault(stage_id, []).append(data)
+
+        if stage_id in st.final_stage_ids:
+            if not st.final_stage_ids <= st.finished:
+                self._outputs.append(OrchOutput(st.request_id, stage_id, data, False))
+            else:
+                terminal = OrchOutput(st.request_id, stage_id, data, True, "completed")
+                if st.submitted <= st.finished:
+                    self._end(st, terminal)
+                else:
+                    st.pending_final = terminal
+                return
+        elif output.finished and st.pending_final is not None and st.submitted <= st.finished:
+            self._end(st, st.pending_final)
+            return
+
+        if forwards and output.finished:
+            self._forward(st, stage_id)
+
+    def submit_failed(self, command: Submit, exc: BaseException) -> None:
+        """``stages[command.stage_id].submit(...)`` raised ``exc``: end that request."""
+        st = self._requests.get(command.request_id)
+        if st is None or st.seq != command.seq:
+            logger.debug(
+                "stage %d submit for ended request %r failed: %s",
+                command.stage_id,
+                command.request_id,
+                _describe(exc),
+            )
+            return
+        self._fail(st, command.stage_id, f"stage {command.stage_id} submit raised {_describe(exc)}")
+
+    def abort(self, request_id: str) -> bool:
+        """End ``request_id`` now; a no-op (returning ``False``) if it is not in flight.
+
+        Every stage submitted for the request gets an ``Abort``. The user gets one
+        ``"aborted"`` terminal -- unless every final stage had already finished and the
+        terminal was only held for a straggler: then the held ``"completed"`` terminal
+        (which carries the last final data) is released instead.
+        """
+        st = self._requests.get(request_id)
+        if st is None:
+            return False
+        terminal = st.pending_final
+        if terminal is None:
+            terminal = OrchOutput(request_id, st.last_stage, None, True, "aborted")
+        self._abort_stages(st)
+        self._end(st, terminal)
+        return True
+
+    def abort_all(self) -> None:
+        """Abort every in-flight request (shutdown)."""
+        for request_id in list(self._requests):
+            self.abort(request_id)
+
+    # -- internals -------------------------------------------------------------------
+
+    def _forward(self, st: ReqState, stage_id: int) -> None:
+        assert self._forward_fn is not None
+        nxt = stage_id + 1
+        outputs = st.forward_data.pop(stage_id, [])
+        try:
+            stage_input = self._forward_fn(stage_id, outputs)
+        except Exception as exc:
+            self._fail(
+                st, nxt, f"forward_fn from stage {stage_id} to stage {nxt} raised {_describe(exc)}"
+            )
+            return
+        st.submitted.add(nxt)
+        self._commands.append(Submit(nxt, st.request_id, stage_input, st.seq))
+
+    def _error(self, st: ReqState, stage_id: int, message: str) -> OrchOutput:
+        return OrchOutput(st.request_id, stage_id, None, True, "error", message)
+
+    def _fail(self, st: ReqState, stage_id: int, message: str) -> None:
+        """End an in-flight request because of an error at ``stage_id``."""
+        terminal = st.pending_final
+        if terminal is None:
+            terminal = self._error(st, stage_id, message)
+        else:
+            # Every final stage already finished: the user's result is complete, so
+            # the held "completed" terminal (with its data) goes out instead.
+            logger.warning(
+                "request %r: %s after its final stages finished; it completes",
+                st.request_id,
+                message,
+            )
+        self._abort_stages(st)
+        self._end(st, terminal)
+
+    def _abort_stages(self, st: ReqState) -> None:
+        self._commands.extend(Abort(sid, st.request_id) for sid in sorted(st.submitted))
+
+    def _end(self, st: ReqState, terminal: OrchOutput) -> None:
+        """Emit the request's terminal output and forget the request."""
+        if self._requests.get(st.request_id) is st:
+            del self._requests[st.request_id]
+        self._outputs.append(terminal)
+        if terminal.finish_reason == "completed":
+            self.completed += 1
+        elif terminal.finish_reason == "aborted":
+            self.aborted += 1
+        else:
+            self.errored += 1
+
+    def _drop(self, stage_id: int, output: object, why: str, *, level: int = logging.DEBUG) -> None:
+        self.dropped_outputs += 1
+        if logger.isEnabledFor(level):
+            logger.log(level, "dropped an output of stage %d (%r): %s", stage_id, output, why)

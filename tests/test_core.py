@@ -1,0 +1,350 @@
+"""The sans-IO core, without an event loop: the seed's examples and decision table."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import join_forward, view, warm
+from omni_trio import OrchOutput, StageOutput
+from omni_trio._core import Abort, OrchestratorCore, Submit
+
+# These tests must not need an event loop; pytest-trio's trio_mode would otherwise
+# run async tests, and there are none here.
+
+
+def chunk_core(final=(0, 2), stages=3):
+    return OrchestratorCore(stages, set(final), prewarm_fn=warm)
+
+
+def feed(core, stage_id, request_id, data=None, finished=False, error=None):
+    core.receive_output(stage_id, StageOutput(request_id, data, finished, error))
+    return view(core.take_outputs())
+
+
+class TestAdmission:
+    def test_async_chunk_marks_every_stage_then_submits_in_order(self):
+        core = chunk_core()
+        core.add_request("r1", "hi there")
+        assert core.state("r1").submitted == {0, 1, 2}
+        assert core.take_commands() == [
+            Submit(0, "r1", "hi there", 1),
+            Submit(1, "r1", "warm1:8", 1),
+            Submit(2, "r1", "warm2:8", 1),
+        ]
+        assert core.take_commands() == []  # taken once
+
+    def test_stages_after_last_final_are_never_submitted(self):
+        core = OrchestratorCore(5, {1}, prewarm_fn=warm)
+        core.add_request("r", "p")
+        assert [c.stage_id for c in core.take_commands()] == [0, 1]
+
+    def test_forward_submits_stage_zero_only(self):
+        core = OrchestratorCore(3, {0, 2}, forward_fn=join_forward)
+        core.add_request("r", "p")
+        assert core.take_commands() == [Submit(0, "r", "p", 1)]
+        assert core.state("r").submitted == {0}
+
+    def test_duplicate_in_flight_id_is_refused_and_submits_nothing(self):
+        core = chunk_core()
+        core.add_request("r", "p")
+        core.take_commands()
+        with pytest.raises(ValueError, match="'r' is already in flight"):
+            core.add_request("r", "p")
+        assert core.take_commands() == []
+        assert core.admitted == 1
+
+    def test_an_ended_id_can_be_reused(self):
+        core = chunk_core(final=(0,), stages=1)
+        core.add_request("r", "p")
+        feed(core, 0, "r", "x", finished=True)
+        core.add_request("r", "q")
+        assert core.take_commands()[-1] == Submit(0, "r", "q", 2)
+
+
+class TestSeedExamples:
+    def test_example_1_talker_completion_is_late(self):
+        core = chunk_core()
+        core.add_request("r1", "hi there")
+        core.take_commands()
+        assert feed(core, 0, "r1", "hi") == [(0, "hi", False)]
+        assert feed(core, 0, "r1", "there", True) == [(0, "there", False)]
+        assert core.take_commands() == []  # nothing is forwarded
+        assert feed(core, 2, "r1", "wav:HI") == [(2, "wav:HI", False)]
+        assert feed(core, 2, "r1", "wav:THERE", True) == []
+        held = core.state("r1").pending_final
+        assert held == OrchOutput("r1", 2, "wav:THERE", True, "completed")
+        assert core.pending_final == 1
+        core.receive_output(1, StageOutput("r1", None, True))
+        assert core.take_outputs() == [held]  # sent unchanged
+        assert "r1" not in core
+        assert feed(core, 2, "r1", "wav:EXTRA") == []
+        assert core.dropped_outputs == 1
+        assert core.state("r1") is None  # not resurrected
+        assert core.completed == 1
+
+    def test_example_2_normal_order_needs_no_pending(self):
+        core = chunk_core()
+        core.add_request("r1", "hi there")
+        assert feed(core, 0, "r1", "hi") == [(0, "hi", False)]
+        assert feed(core, 0, "r1", "there", True) == [(0, "there", False)]
+        assert feed(core, 1, "r1", "tok", True) == []
+        assert feed(core, 2, "r1", "wav:HI") == [(2, "wav:HI", False)]
+        assert feed(core, 2, "r1", "wav:THERE", True) == [(2, "wav:THERE", True)]
+        assert core.in_flight == 0
+        assert core.dropped_outputs == 0
+
+    def test_example_3_last_final_to_finish_is_stage_zero(self):
+        core = chunk_core()
+        core.add_request("r1", "hi there")
+        assert feed(core, 0, "r1", "hi") == [(0, "hi", False)]
+        assert feed(core, 2, "r1", "wav:HI", True) == [(2, "wav:HI", False)]
+        assert core.state("r1").finished == {2}
+        assert feed(core, 1, "r1", None, True) == []
+        assert core.state("r1").finished == {1, 2}
+        assert feed(core, 0, "r1", "there", True) == [(0, "there", True)]
+        assert core.in_flight == 0
+
+    def test_marking_only_stage_zero_would_fire_early(self):
+        """The card's question 1: submitted must hold every stage from admission on."""
+        core = chunk_core()
+        core.add_request("r1", "hi there")
+        feed(core, 0, "r1", "there", True)
+        # S2 finishing makes all_final true; with submitted == {0} the terminal would
+        # go out now. It must not: S1 has not finished.
+        assert feed(core, 2, "r1", "wav", True) == []
+        assert core.state("r1").pending_final is not None
+
+
+class TestDecisionTable:
+    def test_non_finished_non_final_output_after_pending_changes_nothing(self):
+        core = chunk_core()
+        core.add_request("r", "p")
+        feed(core, 0, "r", "a", True)
+        feed(core, 2, "r", "b", True)
+        assert feed(core, 1, "r", "tok") == []
+        assert core.state("r").pending_final is not None
+        assert feed(core, 1, "r", None, True) == [(2, "b", True)]
+
+    def test_non_final_data_never_reaches_the_user(self):
+        core = chunk_core()
+        core.add_request("r", "p")
+        assert feed(core, 1, "r", "secret") == []
+        assert feed(core, 1, "r", "secret", True) == []
+
+    @pytest.mark.parametrize(
+        ("stage", "why"),
+        [(3, "not submitted (beyond last_stage)"), (0, "already finished")],
+    )
+    def test_drops(self, stage, why):
+        core = OrchestratorCore(4, {0, 2}, prewarm_fn=warm)
+        core.add_request("r", "p")
+        feed(core, 0, "r", "x", True)
+        assert feed(core, stage, "r", "late") == [], why
+        assert core.dropped_outputs == 1
+
+    def test_unknown_request_is_dropped_without_state(self):
+        core = chunk_core()
+        assert feed(core, 0, "nope", "x", True) == []
+        assert core.dropped_outputs == 1
+        assert core.in_flight == 0
+
+    @pytest.mark.parametrize("junk", [("r", "x"), None, 42, StageOutput(["unhashable"], "x")])
+    def test_malformed_outputs_are_dropped(self, junk):
+        core = chunk_core()
+        core.add_request("r", "p")
+        core.receive_output(0, junk)
+        assert core.take_outputs() == []
+        assert core.dropped_outputs == 1
+        assert feed(core, 0, "r", "ok") == [(0, "ok", False)]  # others unaffected
+
+
+class TestForward:
+    def test_end_to_end(self):
+        core = OrchestratorCore(3, {0, 2}, forward_fn=join_forward)
+        core.add_request("r", "prompt")
+        assert core.take_commands() == [Submit(0, "r", "prompt", 1)]
+        assert feed(core, 0, "r", "hi") == [(0, "hi", False)]
+        assert feed(core, 0, "r", None) == [(0, None, False)]
+        assert feed(core, 0, "r", "there", True) == [(0, "there", False)]
+        # A final stage's outputs stream to the user and are also collected.
+        assert core.take_commands() == [Submit(1, "r", "from0:hi|there", 1)]
+        assert feed(core, 1, "r", "a") == []
+        assert feed(core, 1, "r", "b", True) == []
+        assert core.take_commands() == [Submit(2, "r", "from1:a|b", 1)]
+        assert feed(core, 2, "r", "w1") == [(2, "w1", False)]
+        assert feed(core, 2, "r", "w2", True) == [(2, "w2", True)]
+        assert core.in_flight == 0
+        assert core.take_commands() == []
+
+    def test_output_before_forward_is_dropped(self):
+        core = OrchestratorCore(2, {1}, forward_fn=join_forward)
+        core.add_request("r", "p")
+        assert feed(core, 1, "r", "too early") == []
+        assert core.dropped_outputs == 1
+
+    def test_forward_fn_failure_ends_request_with_error(self):
+        def boom(stage_id, outputs):
+            raise RuntimeError("no codec")
+
+        core = OrchestratorCore(2, {1}, forward_fn=boom)
+        core.add_request("r", "p")
+        core.take_commands()
+        core.receive_output(0, StageOutput("r", "x", True))
+        [terminal] = core.take_outputs()
+        assert terminal.finish_reason == "error"
+        assert terminal.stage_id == 1
+        assert terminal.error == "forward_fn from stage 0 to stage 1 raised RuntimeError: no codec"
+        assert core.take_commands() == [Abort(0, "r")]
+
+
+class TestEndingEarly:
+    def test_error_output_ends_request_and_aborts_every_submitted_stage(self):
+        core = chunk_core()
+        core.add_request("r", "p")
+        core.add_request("other", "p")
+        core.take_commands()
+        core.receive_output(1, StageOutput("r", error="OOM"))
+        assert core.take_outputs() == [
+            OrchOutput("r", 1, None, True, "error", "stage 1 failed: OOM")
+        ]
+        assert core.take_commands() == [Abort(0, "r"), Abort(1, "r"), Abort(2, "r")]
+        assert feed(core, 0, "other", "fine") == [(0, "fine", False)]
+        assert core.errored == 1
+
+    def test_prewarm_failure_submits_nothing(self):
+        def prewarm(stage_id, prompt):
+            if stage_id == 2:
+                raise ValueError("bad prompt")
+            return "w"
+
+        core = OrchestratorCore(3, {2}, prewarm_fn=prewarm)
+        core.add_request("r", "p")
+        assert core.take_commands() == []
+        [terminal] = core.take_outputs()
+        assert (terminal.stage_id, terminal.finish_reason) == (2, "error")
+        assert terminal.error == "prewarm_fn for stage 2 raised ValueError: bad prompt"
+        assert core.in_flight == 0
+        assert core.admitted == core.errored == 1
+
+    def test_submit_failure(self):
+        core = chunk_core()
+        core.add_request("r", "p")
+        submits = core.take_commands()
+        core.submit_failed(submits[1], ConnectionError("pipe closed"))
+        [terminal] = core.take_outputs()
+        assert terminal.error == "stage 1 submit raised ConnectionError: pipe closed"
+        assert core.take_commands() == [Abort(0, "r"), Abort(1, "r"), Abort(2, "r")]
+
+    def test_submit_failure_of_a_previous_life_of_the_id_is_ignored(self):
+        core = chunk_core(final=(0,), stages=1)
+        core.add_request("r", "p")
+        [old] = core.take_commands()
+        core.abort("r")
+        core.add_request("r", "p")
+        core.take_outputs()
+        core.submit_failed(old, RuntimeError("late"))
+        assert core.take_outputs() == []
+        assert "r" in core
+
+    def test_abort(self):
+        core = chunk_core()
+        core.add_request("r", "p")
+        core.take_commands()
+        feed(core, 0, "r", "x")
+        assert core.abort("r") is True
+        assert core.take_outputs() == [OrchOutput("r", 2, None, True, "aborted")]
+        assert core.take_commands() == [Abort(0, "r"), Abort(1, "r"), Abort(2, "r")]
+        assert feed(core, 1, "r", None, True) == []
+        assert core.dropped_outputs == 1
+        assert core.abort("r") is False
+        assert core.abort("never") is False
+        assert core.take_outputs() == []
+        assert core.take_commands() == []
+
+    def test_abort_during_pending_final_releases_the_held_terminal(self):
+        core = chunk_core()
+        core.add_request("r", "p")
+        core.take_commands()
+        feed(core, 0, "r", "a", True)
+        feed(core, 2, "r", "last chunk", True)
+        core.abort("r")
+        assert core.take_outputs() == [OrchOutput("r", 2, "last chunk", True, "completed")]
+        assert core.take_commands() == [Abort(0, "r"), Abort(1, "r"), Abort(2, "r")]
+        assert (core.completed, core.aborted) == (1, 0)
+
+    def test_error_during_pending_final_releases_the_held_terminal(self):
+        core = chunk_core()
+        core.add_request("r", "p")
+        feed(core, 0, "r", "a", True)
+        feed(core, 2, "r", "last chunk", True)
+        assert feed(core, 1, "r", error="talker died") == [(2, "last chunk", True)]
+        assert core.in_flight == 0
+
+    def test_abort_all(self):
+        core = chunk_core()
+        for rid in "abc":
+            core.add_request(rid, "p")
+        core.abort_all()
+        assert [o.request_id for o in core.take_outputs()] == ["a", "b", "c"]
+        assert core.in_flight == 0
+        assert core.aborted == 3
+
+
+class TestConfiguration:
+    @pytest.mark.parametrize(
+        ("kwargs", "message"),
+        [
+            ({}, "exactly one of forward_fn"),
+            ({"forward_fn": join_forward, "prewarm_fn": warm}, "exactly one of forward_fn"),
+        ],
+    )
+    def test_mode_must_be_chosen(self, kwargs, message):
+        with pytest.raises(ValueError, match=message):
+            OrchestratorCore(3, {0}, **kwargs)
+
+    @pytest.mark.parametrize(
+        ("finals", "error", "message"),
+        [
+            (set(), ValueError, "at least one stage"),
+            ({3}, ValueError, r"contains 3, but the pipeline has 3 stages \(valid indexes: 0..2\)"),
+            ({-1}, ValueError, "contains -1"),
+            ({"0"}, TypeError, "stage indexes"),
+            ({True}, TypeError, "stage indexes"),
+            ("02", TypeError, "collection of stage indexes"),
+            (2, TypeError, "collection of stage indexes"),
+        ],
+    )
+    def test_final_stage_ids_are_checked(self, finals, error, message):
+        with pytest.raises(error, match=message):
+            OrchestratorCore(3, finals, prewarm_fn=warm)
+
+    def test_functions_must_be_callable(self):
+        with pytest.raises(TypeError, match="prewarm_fn must be callable"):
+            OrchestratorCore(3, {0}, prewarm_fn="warm")
+
+    def test_needs_a_stage(self):
+        with pytest.raises(ValueError, match="at least one stage"):
+            OrchestratorCore(0, {0}, prewarm_fn=warm)
+
+
+def test_the_core_imports_no_event_loop():
+    """The sans-IO modules must stay importable and testable without trio or asyncio."""
+    import ast
+    from pathlib import Path
+
+    import omni_trio
+
+    package = Path(omni_trio.__file__).parent
+    for name in ("_core.py", "_messages.py"):
+        tree = ast.parse((package / name).read_text())
+        imported = {
+            alias.name.split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import)
+            for alias in node.names
+        } | {
+            node.module.split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level
+        }
+        assert not imported & {"trio", "asyncio", "anyio", "sniffio", "trio_util"}, name
