@@ -1,0 +1,54 @@
+"""What the orchestrator needs from a stage engine."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import trio
+
+from ._messages import StageOutput
+
+__all__ = ["Stage", "check_stage"]
+
+
+class Stage(Protocol):
+    """A stage engine as the Trio orchestrator sees it.
+
+    The orchestrator owns one reader task per stage, which is the only consumer of
+    :attr:`outputs`, and one delivery task per stage, which calls :meth:`submit` and
+    :meth:`abort` one at a time, in the order the orchestrator decided them. Neither
+    method is ever called concurrently with itself or the other for the same stage.
+    """
+
+    outputs: trio.abc.ReceiveChannel[StageOutput]
+    """Where the stage reports outputs for all of its requests. If it ends, the stage
+    is considered dead."""
+
+    async def submit(self, request_id: str, inputs: Any) -> None:
+        """Start work on a request. Raising fails that request only."""
+
+    async def abort(self, request_id: str) -> None:
+        """Stop work on a request and free what it holds.
+
+        Must be idempotent and accept requests the stage no longer (or never) knew:
+        the orchestrator sends it to every stage a request was submitted to, finished
+        or not.
+        """
+
+
+def check_stage(index: int, stage: object) -> Stage:
+    """Return ``stage`` if it looks like a :class:`Stage`, else raise ``TypeError``."""
+    missing = [name for name in ("outputs", "submit", "abort") if not hasattr(stage, name)]
+    if missing:
+        raise TypeError(
+            f"stages[{index}] ({stage!r}) is not a Stage: it lacks {', '.join(missing)}"
+        )
+    outputs = stage.outputs  # type: ignore[attr-defined]
+    if not isinstance(outputs, trio.abc.ReceiveChannel):
+        raise TypeError(
+            f"stages[{index}].outputs must be a trio.abc.ReceiveChannel, got {outputs!r}"
+        )
+    for name in ("submit", "abort"):
+        if not callable(getattr(stage, name)):
+            raise TypeError(f"stages[{index}].{name} must be an async method")
+    return stage  # type: ignore[return-value]
