@@ -1,0 +1,78 @@
+"""Tasks: ``nox`` runs tests on every supported Python, lint, typecheck and docs.
+
+``nox -s demo`` runs the main job. Sessions use uv when it is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import nox
+
+PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+LINTED = ["src", "tests", "examples", "docs/conf.py", "noxfile.py"]
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.sessions = ["tests", "lint", "typecheck", "docs"]
+nox.options.error_on_external_run = True
+
+
+def _expose_pyenv_pythons() -> None:
+    """Let pyenv's ``python3.X`` shims resolve to every installed version.
+
+    pyenv only runs the versions named in PYENV_VERSION (or its version file), so on a
+    machine where the other interpreters live in pyenv, nox would find no Python 3.10
+    or 3.13. An explicit PYENV_VERSION (CI sets one) wins.
+    """
+    pyenv = shutil.which("pyenv")
+    if pyenv is None or os.environ.get("PYENV_VERSION"):
+        return
+    versions = subprocess.run(
+        [pyenv, "versions", "--bare", "--skip-aliases"], capture_output=True, text=True, check=False
+    ).stdout.split()
+    wanted = [v for v in versions if v.rsplit(".", 1)[0] in PYTHONS]
+    if wanted:
+        os.environ["PYENV_VERSION"] = ":".join(wanted)
+
+
+_expose_pyenv_pythons()
+
+
+@nox.session(python=PYTHONS)
+def tests(session: nox.Session) -> None:
+    """The whole test suite."""
+    session.install("-e", ".[test]")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session(python="3.12")
+def lint(session: nox.Session) -> None:
+    """ruff: pyflakes, pycodestyle, bugbear, flake8-async (ASYNC) and formatting."""
+    session.install("ruff")
+    session.run("ruff", "check", *LINTED)
+    session.run("ruff", "format", "--check", *LINTED)
+
+
+@nox.session(python="3.12")
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict on the package (checked as Python 3.10, the oldest supported)."""
+    session.install("mypy", "-e", ".", "exceptiongroup")
+    session.run("mypy", "--strict", "src")
+
+
+@nox.session(python="3.12")
+def docs(session: nox.Session) -> None:
+    """Build the Sphinx docs; any warning fails the build."""
+    session.install("-e", ".[docs]")
+    session.run(
+        "sphinx-build", "-W", "--keep-going", "-q", "-b", "html", "docs", "docs/_build/html"
+    )
+
+
+@nox.session(python="3.11")
+def demo(session: nox.Session) -> None:
+    """The main job: stream the seed's example 1 through the orchestrator."""
+    session.install(".")
+    session.run("python", "examples/seed_example1.py")

@@ -1,0 +1,45 @@
+"""The project's promises about itself: README commands, CI, the runnable example."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def readme_commands() -> list[str]:
+    """The commands of the first code block of the README, comments stripped."""
+    block = re.search(r"```sh\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)
+    assert block, "the README must start with a sh block of set-up commands"
+    return [line.split("#")[0].strip() for line in block.group(1).splitlines() if line.strip()]
+
+
+def test_readme_has_exactly_two_setup_commands():
+    main_job, tests = readme_commands()
+    assert "demo" in main_job
+    assert "nox" in tests
+
+
+def test_ci_runs_the_readme_test_command():
+    _, tests = readme_commands()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert tests in ci.splitlines()
+
+
+async def test_the_example_streams_seed_example_1(autojump_clock, capsys):
+    spec = importlib.util.spec_from_file_location("example", ROOT / "examples/seed_example1.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    await example.main()
+    lines = capsys.readouterr().out.splitlines()
+    assert [re.search(r"data=(\S+)", line).group(1) for line in lines[:4]] == [
+        "'hi'",
+        "'there'",
+        "'wav:HI'",
+        "'wav:THERE'",
+    ]
+    assert lines[3].strip().startswith("220.0 ms")  # the terminal waited for the talker
+    assert lines[3].endswith("[completed]")
+    assert lines[-1] == "dropped outputs: 1"
