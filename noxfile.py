@@ -20,21 +20,26 @@ nox.options.error_on_external_run = True
 
 
 def _expose_pyenv_pythons() -> None:
-    """Let pyenv's ``python3.X`` shims resolve to every installed version.
+    """Let pyenv's ``python3.X`` shims resolve to every supported installed version.
 
-    pyenv only runs the versions named in PYENV_VERSION (or its version file), so on a
-    machine where the other interpreters live in pyenv, nox would find no Python 3.10
-    or 3.13. An explicit PYENV_VERSION (CI sets one) wins.
+    pyenv only runs the versions named in PYENV_VERSION (which ``pyenv exec`` sets to
+    the current version alone), so nox would find no Python 3.10 or 3.13 even where
+    pyenv has them. Append the missing ones; the versions already named keep their
+    order, so the default ``python3`` does not change.
     """
     pyenv = shutil.which("pyenv")
-    if pyenv is None or os.environ.get("PYENV_VERSION"):
+    if pyenv is None:
         return
-    versions = subprocess.run(
-        [pyenv, "versions", "--bare", "--skip-aliases"], capture_output=True, text=True, check=False
-    ).stdout.split()
-    wanted = [v for v in versions if v.rsplit(".", 1)[0] in PYTHONS]
-    if wanted:
-        os.environ["PYENV_VERSION"] = ":".join(wanted)
+
+    def ask(*args: str) -> list[str]:
+        return subprocess.run([pyenv, *args], capture_output=True, text=True).stdout.split()
+
+    installed = ask("versions", "--bare", "--skip-aliases")
+    named = [v for v in os.environ.get("PYENV_VERSION", "").split(":") if v]
+    named = named or ask("version-name")
+    wanted = [v for v in installed if v.rsplit(".", 1)[0] in PYTHONS and v not in named]
+    if named and wanted:
+        os.environ["PYENV_VERSION"] = ":".join(named + wanted)
 
 
 _expose_pyenv_pythons()
