@@ -48,36 +48,39 @@ async def test_example_1_step_by_step():
         assert [s.aborts for s in stages] == [[], [], []]
 
 
-async def test_example_2_normal_order():
-    s0, s1, s2 = stages = pipeline()
+async def replay(steps):
+    """Run the seed's table: (stage, data, finished) arrives -> the user receives."""
+    stages = pipeline()
     async with open_orchestrator(stages, {0, 2}, prewarm_fn=warm) as orch:
         await orch.add_request("r1", "hi there")
-        steps = [
-            (s0, "hi", False, [(0, "hi", False)]),
-            (s0, "there", True, [(0, "there", False)]),
-            (s1, "tok", True, []),
-            (s2, "wav:HI", False, [(2, "wav:HI", False)]),
-            (s2, "wav:THERE", True, [(2, "wav:THERE", True)]),
-        ]
-        for stage, data, finished, expected in steps:
-            await stage.emit("r1", data, finished)
-            assert view(await collect_outputs(orch)) == expected
+        for stage_id, data, finished, expected in steps:
+            await stages[stage_id].emit("r1", data, finished)
+            assert view(await collect_outputs(orch)) == expected, (stage_id, data)
         assert orch.statistics().in_flight == 0
+        assert orch.statistics().pending_final == 0
+
+
+async def test_example_2_normal_order():
+    await replay(
+        [
+            (0, "hi", False, [(0, "hi", False)]),
+            (0, "there", True, [(0, "there", False)]),
+            (1, "tok", True, []),
+            (2, "wav:HI", False, [(2, "wav:HI", False)]),
+            (2, "wav:THERE", True, [(2, "wav:THERE", True)]),
+        ]
+    )
 
 
 async def test_example_3_terminal_from_stage_zero():
-    s0, s1, s2 = stages = pipeline()
-    async with open_orchestrator(stages, {0, 2}, prewarm_fn=warm) as orch:
-        await orch.add_request("r1", "hi there")
-        steps = [
-            (s0, "hi", False, [(0, "hi", False)]),
-            (s2, "wav:HI", True, [(2, "wav:HI", False)]),
-            (s1, None, True, []),
-            (s0, "there", True, [(0, "there", True)]),
+    await replay(
+        [
+            (0, "hi", False, [(0, "hi", False)]),
+            (2, "wav:HI", True, [(2, "wav:HI", False)]),
+            (1, None, True, []),
+            (0, "there", True, [(0, "there", True)]),
         ]
-        for stage, data, finished, expected in steps:
-            await stage.emit("r1", data, finished)
-            assert view(await collect_outputs(orch)) == expected
+    )
 
 
 async def test_terminal_waits_for_stage_1_completing_200ms_late(autojump_clock):

@@ -67,7 +67,8 @@ class ScriptedStage:
         error: str | None = None,
     ) -> None:
         """Put ``StageOutput(request_id, data, finished, error)`` on :attr:`outputs`."""
-        await self._send.send(StageOutput(request_id, data, finished, error))
+        self.emit_nowait(request_id, data, finished, error)
+        await trio.lowlevel.checkpoint()
 
     def emit_nowait(
         self,
