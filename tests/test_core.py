@@ -290,6 +290,116 @@ class TestEndingEarly:
         assert core.aborted == 3
 
 
+class TestStageDeath:
+    def test_fails_requests_that_still_need_the_stage(self):
+        core = chunk_core()
+        core.add_request("needs", "p")
+        core.add_request("text", "p", frozenset({0}))
+        core.add_request("done-with-it", "p")
+        feed(core, 1, "done-with-it", None, True)
+        core.take_commands()
+        core.stage_died(1, "pipe closed")
+        outs = {o.request_id: o for o in core.take_outputs()}
+        assert set(outs) == {"needs"}
+        assert outs["needs"].error == "stage 1 is dead: pipe closed"
+        assert core.take_commands() == [Abort(0, "needs"), Abort(2, "needs")]  # not to 1
+        assert core.stage_deaths == [None, "pipe closed", None]
+
+    def test_later_admissions_that_need_it_fail_at_once(self):
+        core = chunk_core()
+        core.stage_died(2, "gone")
+        core.add_request("r", "p")
+        assert core.take_commands() == []
+        [t] = core.take_outputs()
+        assert (t.finish_reason, t.stage_id, t.error) == ("error", 2, "stage 2 is dead: gone")
+        core.add_request("text", "p", frozenset({0}))
+        assert [c.stage_id for c in core.take_commands()] == [0]
+
+    def test_forward_mode_needs_stages_not_yet_submitted(self):
+        core = OrchestratorCore(3, {2}, forward_fn=join_forward)
+        core.add_request("r", "p")
+        core.stage_died(2, "gone")
+        assert [o.finish_reason for o in core.take_outputs()] == ["error"]
+
+
+class TestWatchdog:
+    def test_silent_stage_ends_the_request(self):
+        core = OrchestratorCore(3, {0, 2}, prewarm_fn=warm, stage_idle_timeout=2.0)
+        core.add_request("r", "p")
+        core.take_commands()
+        assert core.next_deadline() == 2.0
+        core.now = 1.5
+        feed(core, 0, "r", "a", True)
+        feed(core, 1, "r", "tok")  # stage 1 heard at 1.5
+        feed(core, 2, "r", "w")
+        core.now = 2.0
+        core.expire()
+        assert core.take_outputs() == []  # all re-armed to 3.5
+        assert core.next_deadline() == 3.5
+        core.now = 3.0
+        feed(core, 2, "r", "w2")  # stage 2 heard at 3.0; stage 1 silent since 1.5
+        core.now = 3.5
+        core.expire()
+        [t] = core.take_outputs()
+        assert (t.stage_id, t.error) == (1, "stage 1 sent nothing for 2 s (stage_idle_timeout)")
+        assert core.take_commands() == [Abort(0, "r"), Abort(1, "r"), Abort(2, "r")]
+
+    def test_finished_stages_and_ended_requests_are_not_watched(self):
+        core = OrchestratorCore(1, {0}, prewarm_fn=warm, stage_idle_timeout=1.0)
+        core.add_request("r", "p")
+        feed(core, 0, "r", "x", True)
+        core.now = 10.0
+        core.expire()
+        assert core.take_outputs() == []
+        assert core.next_deadline() is None
+
+    def test_off_by_default(self):
+        core = chunk_core()
+        core.add_request("r", "p")
+        assert core.next_deadline() is None
+
+    @pytest.mark.parametrize("timeout", [0, -1.0])
+    def test_timeout_must_be_positive(self, timeout):
+        with pytest.raises(ValueError, match="stage_idle_timeout"):
+            OrchestratorCore(1, {0}, prewarm_fn=warm, stage_idle_timeout=timeout)
+
+
+class TestRequestFinals:
+    def test_must_be_a_subset(self):
+        core = chunk_core()
+        with pytest.raises(ValueError, match=r"subset of the pipeline's final stages \[0, 2\]"):
+            core.request_finals({1})
+        assert core.request_finals(None) == frozenset({0, 2})
+        assert core.request_finals([2]) == frozenset({2})
+
+    def test_audio_only_still_runs_the_stages_before_it(self):
+        core = chunk_core()
+        core.add_request("r", "p", frozenset({2}))
+        assert [c.stage_id for c in core.take_commands()] == [0, 1, 2]
+        assert feed(core, 0, "r", "text", True) == []  # stage 0 is not final for it
+
+
+class TestMetrics:
+    def test_the_terminal_carries_them(self):
+        core = chunk_core()
+        core.now = 1.0
+        core.add_request("r", "p")
+        core.now = 1.5
+        feed(core, 0, "r", "a")
+        core.now = 2.0
+        feed(core, 2, "r", "b", True)
+        feed(core, 0, "r", "c", True)
+        core.now = 4.0
+        core.receive_output(1, StageOutput("r", None, True))
+        [t] = core.take_outputs()
+        m = t.metrics
+        assert (m.arrival_time, m.terminal_time, m.e2e_latency) == (1.0, 4.0, 3.0)
+        assert m.first_output_times == {0: 1.5, 2: 2.0}
+        assert m.stage_finish_times == {2: 2.0, 0: 2.0, 1: 4.0}
+        assert m.num_outputs == 3  # a, b and the terminal c
+        assert t == OrchOutput("r", 0, "c", True, "completed")  # metrics are not compared
+
+
 class TestConfiguration:
     @pytest.mark.parametrize(
         ("kwargs", "message"),

@@ -13,13 +13,14 @@ a single task needs no lock: whatever a method reads and writes is consistent.
 
 from __future__ import annotations
 
+import heapq
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeAlias
 
 import attrs
 
-from ._messages import OrchOutput, StageOutput
+from ._messages import OrchOutput, RequestMetrics, StageOutput
 
 __all__ = [
     "Abort",
@@ -68,6 +69,8 @@ class ReqState:
     """What the orchestrator knows about one in-flight request.
 
     Attributes:
+      final_stage_ids: This request's user-facing stages (a subset of the pipeline's).
+      last_stage: ``max(final_stage_ids)``; later stages are never submitted.
       submitted: Stages the request was submitted to (async_chunk: all of
           ``0..last_stage``, marked at admission before any submit is issued).
       finished: Stages that reported ``finished=True`` for the request.
@@ -75,19 +78,28 @@ class ReqState:
           submitted stage has finished.
       forward_data: forward mode only: non-``None`` data per stage, kept until the
           stage finishes and ``forward_fn`` turns it into the next stage's input.
+      last_heard: Per submitted stage, when it was submitted or last sent an output
+          (kept only when the watchdog is on).
+      arrival, first_output, finish_times, num_outputs: What becomes the terminal's
+          :class:`~omni_trio.RequestMetrics`.
     """
 
     request_id: str
     seq: int
     final_stage_ids: frozenset[int]
     last_stage: int
+    arrival: float
     submitted: set[int] = attrs.field(factory=set)
     finished: set[int] = attrs.field(factory=set)
     pending_final: OrchOutput | None = None
     forward_data: dict[int, list[Any]] = attrs.field(factory=dict)
+    last_heard: dict[int, float] = attrs.field(factory=dict)
+    first_output: dict[int, float] = attrs.field(factory=dict)
+    finish_times: dict[int, float] = attrs.field(factory=dict)
+    num_outputs: int = 0
 
 
-def _describe(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
@@ -121,8 +133,13 @@ class OrchestratorCore:
           and stages after it are never submitted.
       forward_fn: Selects forward mode (see :data:`ForwardFn`).
       prewarm_fn: Selects async_chunk mode (see :data:`PrewarmFn`).
+      stage_idle_timeout: If not ``None``, a submitted stage that sends nothing for a
+          request for this many seconds ends the request (see :meth:`expire`).
 
     Exactly one of ``forward_fn`` and ``prewarm_fn`` must be given.
+
+    Time is an input: the driver sets :attr:`now` (its clock's current time) before it
+    feeds events; it stamps metrics and arms the watchdog.
     """
 
     def __init__(
@@ -132,6 +149,7 @@ class OrchestratorCore:
         *,
         forward_fn: ForwardFn | None = None,
         prewarm_fn: PrewarmFn | None = None,
+        stage_idle_timeout: float | None = None,
     ) -> None:
         if not isinstance(num_stages, int) or num_stages < 1:
             raise ValueError(f"a pipeline needs at least one stage, got {num_stages!r}")
@@ -142,15 +160,26 @@ class OrchestratorCore:
         for name, fn in (("forward_fn", forward_fn), ("prewarm_fn", prewarm_fn)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be callable, got {fn!r}")
+        if stage_idle_timeout is not None and not stage_idle_timeout > 0:
+            raise ValueError(
+                f"stage_idle_timeout must be a positive number of seconds or None, "
+                f"got {stage_idle_timeout!r}"
+            )
         self.num_stages = num_stages
         self.final_stage_ids = validate_final_stage_ids(final_stage_ids, num_stages)
         self.last_stage = max(self.final_stage_ids)
         self.mode: Mode = "forward" if forward_fn is not None else "async_chunk"
+        self.stage_idle_timeout = stage_idle_timeout
+        #: The driver's clock, set by the driver before it feeds events.
+        self.now = 0.0
+        #: Per stage: ``None`` while alive, else why it died.
+        self.stage_deaths: list[str | None] = [None] * num_stages
         self._forward_fn = forward_fn
         self._prewarm_fn = prewarm_fn
         self._requests: dict[str, ReqState] = {}
         self._outputs: list[OrchOutput] = []
         self._commands: list[Command] = []
+        self._timers: list[tuple[float, int, int, str]] = []  # (deadline, seq, stage, id)
         self._seq = 0
         #: Totals since creation.
         self.admitted = 0
@@ -176,6 +205,10 @@ class OrchestratorCore:
         commands, self._commands = self._commands, []
         return commands
 
+    def next_deadline(self) -> float | None:
+        """When :meth:`expire` may next have work, or ``None`` (watchdog idle or off)."""
+        return self._timers[0][0] if self._timers else None
+
     @property
     def in_flight(self) -> int:
         """Requests admitted and not yet ended."""
@@ -193,9 +226,32 @@ class OrchestratorCore:
         """The state of an in-flight request (for inspection; do not mutate it)."""
         return self._requests.get(request_id)
 
+    def check_new_id(self, request_id: str) -> None:
+        """Raise ``ValueError`` if ``request_id`` is in flight."""
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+
+    def request_finals(self, final_stage_ids: Iterable[int] | None) -> frozenset[int]:
+        """Validate a request's own final stages (``None``: the pipeline's).
+
+        Raises:
+          TypeError, ValueError: not a non-empty subset of the pipeline's final stages.
+        """
+        if final_stage_ids is None:
+            return self.final_stage_ids
+        finals = validate_final_stage_ids(final_stage_ids, self.num_stages)
+        if not finals <= self.final_stage_ids:
+            raise ValueError(
+                f"a request's final_stage_ids must be a subset of the pipeline's "
+                f"final stages {sorted(self.final_stage_ids)}, got {sorted(finals)}"
+            )
+        return finals
+
     # -- events ----------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt: Any) -> None:
+    def add_request(
+        self, request_id: str, prompt: Any, final_stage_ids: frozenset[int] | None = None
+    ) -> None:
         """Admit a request and issue its first submits.
 
         async_chunk: ``submitted = {0..last_stage}`` is recorded before any submit is
@@ -203,33 +259,38 @@ class OrchestratorCore:
         placeholders are built first, so a failing ``prewarm_fn`` submits nothing.
         forward: stage 0 gets ``prompt``.
 
+        A request that needs a dead stage, or whose ``prewarm_fn`` raises, is admitted
+        and ends at once with an ``"error"`` terminal.
+
         Raises:
-          ValueError: ``request_id`` is already in flight (nothing is submitted).
+          ValueError: ``request_id`` is already in flight (nothing is submitted), or
+              ``final_stage_ids`` is not valid (see :meth:`request_finals`).
         """
-        if request_id in self._requests:
-            raise ValueError(f"request id {request_id!r} is already in flight")
+        self.check_new_id(request_id)
+        finals = self.request_finals(final_stage_ids)
         self._seq += 1
         self.admitted += 1
-        st = ReqState(request_id, self._seq, self.final_stage_ids, self.last_stage)
+        st = ReqState(request_id, self._seq, finals, max(finals), self.now)
+        for sid in range(st.last_stage + 1):
+            if self.stage_deaths[sid] is not None:
+                self._end(st, self._error(st, sid, self._death_message(sid)))
+                return
         if self._prewarm_fn is None:
-            st.submitted.add(0)
             self._requests[request_id] = st
-            self._commands.append(Submit(0, request_id, prompt, st.seq))
+            self._submit(st, 0, prompt)
             return
         inputs = [prompt]
         for sid in range(1, st.last_stage + 1):
             try:
                 inputs.append(self._prewarm_fn(sid, prompt))
             except Exception as exc:
-                self._end(
-                    st, self._error(st, sid, f"prewarm_fn for stage {sid} raised {_describe(exc)}")
-                )
+                message = f"prewarm_fn for stage {sid} raised {describe(exc)}"
+                self._end(st, self._error(st, sid, message))
                 return
-        st.submitted.update(range(st.last_stage + 1))
+        st.submitted.update(range(st.last_stage + 1))  # all of them, before any submit
         self._requests[request_id] = st
-        self._commands.extend(
-            Submit(sid, request_id, stage_input, st.seq) for sid, stage_input in enumerate(inputs)
-        )
+        for sid, stage_input in enumerate(inputs):
+            self._submit(st, sid, stage_input)
 
     def receive_output(self, stage_id: int, output: object) -> None:
         """Apply the decision table to one output of stage ``stage_id``.
@@ -257,8 +318,11 @@ class OrchestratorCore:
             self._fail(st, stage_id, f"stage {stage_id} failed: {output.error}")
             return
 
+        if self.stage_idle_timeout is not None:
+            st.last_heard[stage_id] = self.now
         if output.finished:
             st.finished.add(stage_id)
+            st.finish_times[stage_id] = self.now
         data = output.data
         forwards = self._forward_fn is not None and stage_id < st.last_stage
         if forwards and data is not None:
@@ -266,6 +330,9 @@ class OrchestratorCore:
 
         if stage_id in st.final_stage_ids:
             if not st.final_stage_ids <= st.finished:
+                st.num_outputs += 1
+                if stage_id not in st.first_output:
+                    st.first_output[stage_id] = self.now
                 self._outputs.append(OrchOutput(st.request_id, stage_id, data, False))
             else:
                 terminal = OrchOutput(st.request_id, stage_id, data, True, "completed")
@@ -289,18 +356,55 @@ class OrchestratorCore:
                 "stage %d submit for ended request %r failed: %s",
                 command.stage_id,
                 command.request_id,
-                _describe(exc),
+                describe(exc),
             )
             return
-        self._fail(st, command.stage_id, f"stage {command.stage_id} submit raised {_describe(exc)}")
+        self._fail(st, command.stage_id, f"stage {command.stage_id} submit raised {describe(exc)}")
+
+    def stage_died(self, stage_id: int, reason: str) -> None:
+        """Stage ``stage_id`` is gone for good (its outputs ended, or reading them failed).
+
+        Every in-flight request that still needs it (it is at most the request's last
+        stage and has not finished it) ends with an ``"error"`` terminal; later
+        requests that need it end at admission. Other requests are untouched.
+        """
+        if self.stage_deaths[stage_id] is not None:
+            return
+        self.stage_deaths[stage_id] = reason
+        message = self._death_message(stage_id)
+        for st in list(self._requests.values()):
+            if stage_id <= st.last_stage and stage_id not in st.finished:
+                self._fail(st, stage_id, message)
+
+    def expire(self) -> None:
+        """The watchdog: end requests with a stage silent for ``stage_idle_timeout``.
+
+        A submitted stage that has not finished a request and has sent nothing for it
+        (since it was submitted, or since its last output) for that long ends the
+        request with an ``"error"`` terminal. Call it at :meth:`next_deadline`.
+        """
+        timeout = self.stage_idle_timeout
+        now = self.now
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            _, seq, sid, request_id = heapq.heappop(timers)
+            st = self._requests.get(request_id)
+            if st is None or st.seq != seq or sid in st.finished:
+                continue
+            assert timeout is not None
+            deadline = st.last_heard[sid] + timeout
+            if deadline > now:  # heard from since: re-arm
+                heapq.heappush(timers, (deadline, seq, sid, request_id))
+                continue
+            self._fail(st, sid, f"stage {sid} sent nothing for {timeout:g} s (stage_idle_timeout)")
 
     def abort(self, request_id: str) -> bool:
         """End ``request_id`` now; a no-op (returning ``False``) if it is not in flight.
 
-        Every stage submitted for the request gets an ``Abort``. The user gets one
-        ``"aborted"`` terminal -- unless every final stage had already finished and the
-        terminal was only held for a straggler: then the held ``"completed"`` terminal
-        (which carries the last final data) is released instead.
+        Every live stage submitted for the request gets an ``Abort``. The user gets
+        one ``"aborted"`` terminal -- unless every final stage had already finished and
+        the terminal was only held for a straggler: then the held ``"completed"``
+        terminal (which carries the last final data) is released instead.
         """
         st = self._requests.get(request_id)
         if st is None:
@@ -319,6 +423,14 @@ class OrchestratorCore:
 
     # -- internals -------------------------------------------------------------------
 
+    def _submit(self, st: ReqState, stage_id: int, stage_input: Any) -> None:
+        st.submitted.add(stage_id)
+        self._commands.append(Submit(stage_id, st.request_id, stage_input, st.seq))
+        if self.stage_idle_timeout is not None:
+            st.last_heard[stage_id] = self.now
+            deadline = self.now + self.stage_idle_timeout
+            heapq.heappush(self._timers, (deadline, st.seq, stage_id, st.request_id))
+
     def _forward(self, st: ReqState, stage_id: int) -> None:
         assert self._forward_fn is not None
         nxt = stage_id + 1
@@ -326,12 +438,13 @@ class OrchestratorCore:
         try:
             stage_input = self._forward_fn(stage_id, outputs)
         except Exception as exc:
-            self._fail(
-                st, nxt, f"forward_fn from stage {stage_id} to stage {nxt} raised {_describe(exc)}"
-            )
+            message = f"forward_fn from stage {stage_id} to stage {nxt} raised {describe(exc)}"
+            self._fail(st, nxt, message)
             return
-        st.submitted.add(nxt)
-        self._commands.append(Submit(nxt, st.request_id, stage_input, st.seq))
+        self._submit(st, nxt, stage_input)
+
+    def _death_message(self, stage_id: int) -> str:
+        return f"stage {stage_id} is dead: {self.stage_deaths[stage_id]}"
 
     def _error(self, st: ReqState, stage_id: int, message: str) -> OrchOutput:
         return OrchOutput(st.request_id, stage_id, None, True, "error", message)
@@ -353,19 +466,32 @@ class OrchestratorCore:
         self._end(st, terminal)
 
     def _abort_stages(self, st: ReqState) -> None:
-        self._commands.extend(Abort(sid, st.request_id) for sid in sorted(st.submitted))
+        self._commands.extend(
+            Abort(sid, st.request_id)
+            for sid in sorted(st.submitted)
+            if self.stage_deaths[sid] is None
+        )
 
     def _end(self, st: ReqState, terminal: OrchOutput) -> None:
-        """Emit the request's terminal output and forget the request."""
+        """Emit the request's terminal output, with its metrics, and forget the request."""
         if self._requests.get(st.request_id) is st:
             del self._requests[st.request_id]
-        self._outputs.append(terminal)
+        st.num_outputs += 1
         if terminal.finish_reason == "completed":
             self.completed += 1
+            st.first_output.setdefault(terminal.stage_id, self.now)
         elif terminal.finish_reason == "aborted":
             self.aborted += 1
         else:
             self.errored += 1
+        metrics = RequestMetrics(
+            arrival_time=st.arrival,
+            terminal_time=self.now,
+            first_output_times=st.first_output,
+            stage_finish_times=st.finish_times,
+            num_outputs=st.num_outputs,
+        )
+        self._outputs.append(attrs.evolve(terminal, metrics=metrics))
 
     def _drop(self, stage_id: int, output: object, why: str, *, level: int = logging.DEBUG) -> None:
         self.dropped_outputs += 1

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import attrs
 
-__all__ = ["FinishReason", "OrchOutput", "StageOutput"]
+__all__ = ["FinishReason", "OrchOutput", "RequestMetrics", "StageOutput"]
 
 FinishReason = Literal["completed", "aborted", "error"]
 """Why a request ended; carried only by its terminal :class:`OrchOutput`."""
@@ -39,6 +39,40 @@ class StageOutput:
 
 
 @attrs.frozen
+class RequestMetrics:
+    """Timings of one request, carried by its terminal :class:`OrchOutput`.
+
+    All times are on the orchestrator's clock (``trio.current_time()`` for the Trio
+    orchestrator), so they are exact under ``trio.testing.MockClock``.
+
+    Attributes:
+      arrival_time: When the orchestrator admitted the request.
+      terminal_time: When its terminal output was emitted.
+      first_output_times: Per final stage, when its first output was emitted to the
+          user: time to first token (text stage) or packet (audio stage) is
+          ``first_output_times[k] - arrival_time``.
+      stage_finish_times: Per stage that reported ``finished=True``, when it did.
+      num_outputs: Outputs emitted to the user for the request, terminal included.
+    """
+
+    arrival_time: float
+    terminal_time: float
+    first_output_times: dict[int, float]
+    stage_finish_times: dict[int, float]
+    num_outputs: int
+
+    @property
+    def e2e_latency(self) -> float:
+        """``terminal_time - arrival_time``."""
+        return self.terminal_time - self.arrival_time
+
+    def time_to_first_output(self, stage_id: int) -> float | None:
+        """Seconds from arrival to stage ``stage_id``'s first output, if it had one."""
+        first = self.first_output_times.get(stage_id)
+        return None if first is None else first - self.arrival_time
+
+
+@attrs.frozen
 class OrchOutput:
     """One message from the orchestrator to the user.
 
@@ -55,6 +89,7 @@ class OrchOutput:
       finish_reason: ``None`` on non-terminal outputs; ``"completed"``, ``"aborted"``
           or ``"error"`` on the terminal one.
       error: On ``"error"`` terminals, what failed: names the stage and the cause.
+      metrics: On terminal outputs, the request's :class:`RequestMetrics`.
     """
 
     request_id: str
@@ -63,3 +98,4 @@ class OrchOutput:
     finished: bool
     finish_reason: FinishReason | None = None
     error: str | None = None
+    metrics: RequestMetrics | None = attrs.field(default=None, eq=False, repr=False)
