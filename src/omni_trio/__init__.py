@@ -1,14 +1,17 @@
 """omni_trio: a Trio control plane for multi-stage streaming model pipelines."""
 
-from ._messages import FinishReason, OrchOutput, StageOutput
+from ._messages import FinishReason, OrchOutput, RequestMetrics, StageOutput
 from ._orchestrator import Orchestrator, OrchestratorStatistics, open_orchestrator
 from ._stage import Stage
+from ._stream import RequestStream
 
 __all__ = [
     "FinishReason",
     "OrchOutput",
     "Orchestrator",
     "OrchestratorStatistics",
+    "RequestMetrics",
+    "RequestStream",
     "Stage",
     "StageOutput",
     "open_orchestrator",

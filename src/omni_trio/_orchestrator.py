@@ -2,10 +2,10 @@
 
 Data path (one reader and one delivery task per stage, one handler)::
 
-    stage k .outputs --> reader k --\
-                                     +--> inbox --> handler --> results --> next_output()
-    add_request / abort ------------/      |   (OrchestratorCore)
-    delivery k (submit failed) ----/       +--> commands k --> delivery k --> stage k .submit/.abort
+    stage k .outputs --> reader k --\\
+                                     +--> inbox --> handler --+--> results --> next_output()
+    callers: add_request, abort ----/      |  (the core)      +--> stream r --> async for
+    delivery k: submit failed -----/       +--> commands k --> delivery k --> stage k
 
 The handler is the only task that touches the core, so request state needs no lock.
 It never blocks on anything but its inbox: outputs and commands leave it through
@@ -18,24 +18,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import attrs
 import trio
+from trio_util import AsyncValue
 
-from ._core import (
-    Command,
-    ForwardFn,
-    Mode,
-    OrchestratorCore,
-    PrewarmFn,
-    Submit,
-)
+from ._core import Command, ForwardFn, Mode, OrchestratorCore, PrewarmFn, Submit, describe
 from ._errors import unwrap_single_exception
 from ._messages import OrchOutput, StageOutput
 from ._stage import Stage, check_stage
+from ._stream import RequestStream
 
 __all__ = ["Orchestrator", "OrchestratorStatistics", "open_orchestrator"]
 
@@ -65,8 +61,12 @@ class OrchestratorStatistics:
       aborted: Requests that ended with an ``"aborted"`` terminal.
       errored: Requests that ended with an ``"error"`` terminal.
       dropped_outputs: Stage outputs dropped so far (late, unknown, or malformed).
+      stages_alive: Per stage, ``False`` once it died (its outputs channel ended or
+          reading it failed).
+      streams_open: In-flight requests read through :meth:`Orchestrator.open_request`.
       outputs_ready: Outputs waiting to be taken with :meth:`Orchestrator.next_output`.
       commands_queued: Per stage, submits and aborts decided but not yet delivered.
+      admissions_waiting: Callers waiting for ``max_in_flight`` room or a drain.
     """
 
     mode: Mode
@@ -77,8 +77,11 @@ class OrchestratorStatistics:
     aborted: int
     errored: int
     dropped_outputs: int
+    stages_alive: tuple[bool, ...]
+    streams_open: int
     outputs_ready: int
     commands_queued: tuple[int, ...]
+    admissions_waiting: int
 
 
 # -- messages to the handler ---------------------------------------------------------
@@ -102,6 +105,14 @@ class _SubmitFailed:
         self.error = error
 
 
+class _StageDied:
+    __slots__ = ("reason", "stage_id")
+
+    def __init__(self, stage_id: int, reason: str) -> None:
+        self.stage_id = stage_id
+        self.reason = reason
+
+
 class _Call:
     """A caller's request to the handler, answered through ``done``."""
 
@@ -117,12 +128,16 @@ class _Call:
 
 
 class _Admit(_Call):
-    __slots__ = ("prompt", "request_id")
+    __slots__ = ("finals", "prompt", "request_id", "stream")
 
-    def __init__(self, request_id: str, prompt: Any) -> None:
+    def __init__(
+        self, request_id: str, prompt: Any, finals: frozenset[int], stream: RequestStream | None
+    ) -> None:
         super().__init__()
         self.request_id = request_id
         self.prompt = prompt
+        self.finals = finals
+        self.stream = stream
 
 
 class _Abort(_Call):
@@ -133,11 +148,17 @@ class _Abort(_Call):
         self.request_id = request_id
 
 
+class _Drain(_Call):
+    """Answered once no request is in flight."""
+
+    __slots__ = ()
+
+
 class _Shutdown(_Call):
     __slots__ = ()
 
 
-_Message = _Outputs | _SubmitFailed | _Call
+_Message = _Outputs | _SubmitFailed | _StageDied | _Call
 
 
 async def _receive_batch(channel: trio.MemoryReceiveChannel[T]) -> list[T]:
@@ -158,17 +179,36 @@ def _closed_error() -> trio.ClosedResourceError:
     )
 
 
+def _check_request_id(request_id: object) -> str:
+    if not isinstance(request_id, str):
+        raise TypeError(f"request_id must be a str, got {type(request_id).__name__} {request_id!r}")
+    return request_id
+
+
 class Orchestrator:
     """A running orchestrator; get one from :func:`open_orchestrator`."""
 
-    def __init__(self, core: OrchestratorCore, stages: Sequence[Stage]) -> None:
+    def __init__(
+        self,
+        core: OrchestratorCore,
+        stages: Sequence[Stage],
+        *,
+        max_in_flight: int | None,
+        shutdown_grace: float,
+    ) -> None:
         self._core = core
         self._stages = tuple(stages)
+        self._shutdown_grace = shutdown_grace
         self._closed = False  # no more admissions (set when the block exits)
         self._accepting = True  # the handler's view of the same fact
         self._inbox_send, self._inbox = trio.open_memory_channel[_Message](_INBOX_SIZE)
         self._results_send, self._results = trio.open_memory_channel[OrchOutput](math.inf)
         self._command_channels = [trio.open_memory_channel[Command](math.inf) for _ in self._stages]
+        self._streams: dict[str, RequestStream] = {}  # the handler's routing table
+        self._admission = None if max_in_flight is None else trio.Semaphore(max_in_flight)
+        self._draining = AsyncValue(0)  # drain() calls in progress
+        self._drains: list[_Drain] = []  # the handler's: answered when nothing is in flight
+        self._admissions_waiting = 0
         self._shielded = trio.CancelScope(shield=True)
         self._deliveries_left = len(self._stages)
         self._deliveries_done = trio.Event()
@@ -182,7 +222,7 @@ class Orchestrator:
 
     @property
     def final_stage_ids(self) -> frozenset[int]:
-        """The user-facing stages."""
+        """The pipeline's user-facing stages."""
         return self._core.final_stage_ids
 
     @property
@@ -197,31 +237,67 @@ class Orchestrator:
         :class:`StageOutput` at all."""
         return self._core.dropped_outputs
 
-    async def add_request(self, request_id: str, prompt: Any) -> None:
-        """Admit one request.
+    async def add_request(
+        self, request_id: str, prompt: Any, *, final_stage_ids: Iterable[int] | None = None
+    ) -> None:
+        """Admit one request; its outputs arrive through :meth:`next_output`.
 
-        Returns once the request is registered and its submits are queued for the
-        stages' delivery tasks; it does not wait for the stages to accept them, so a
-        slow ``submit`` never blocks the caller. If this call is cancelled, the
-        request was not admitted.
+        Args:
+          request_id: Unique among the requests in flight.
+          prompt: Stage 0's input.
+          final_stage_ids: This request's user-facing stages, a subset of the
+              pipeline's (``{0}``: text only, stage 0 alone runs). Default: the
+              pipeline's.
+
+        Waits while ``max_in_flight`` requests are in flight, or while a
+        :meth:`drain` is in progress. Returns once the request is registered and its
+        submits are queued for the stages; it does not wait for the stages to accept
+        them, so a slow ``submit`` never blocks the caller. If this call is
+        cancelled, the request was not admitted.
 
         Raises:
-          TypeError: ``request_id`` is not a ``str``.
-          ValueError: ``request_id`` is already in flight (nothing is submitted).
+          TypeError: ``request_id`` is not a ``str``, or ``final_stage_ids`` is not
+              a collection of stage indexes.
+          ValueError: ``request_id`` is already in flight (nothing is submitted), or
+              ``final_stage_ids`` is not a subset of the pipeline's final stages.
           trio.ClosedResourceError: the orchestrator's block has exited.
         """
-        if not isinstance(request_id, str):
-            raise TypeError(
-                f"request_id must be a str, got {type(request_id).__name__} {request_id!r}"
-            )
-        if self._closed:
-            raise _closed_error()
-        await self._call(_Admit(request_id, prompt))
+        await self._admit(_check_request_id(request_id), prompt, final_stage_ids, None)
+
+    @asynccontextmanager
+    async def open_request(
+        self,
+        prompt: Any,
+        *,
+        request_id: str | None = None,
+        final_stage_ids: Iterable[int] | None = None,
+    ) -> AsyncIterator[RequestStream]:
+        """Admit a request and read its outputs, and only its, from the block.
+
+        ``async for out in stream`` yields the request's outputs in order and stops
+        after its terminal output. They do not appear in :meth:`next_output`.
+        Leaving the block before the terminal was received -- ``break``, an
+        exception, an enclosing cancel scope or deadline -- aborts the request: every
+        stage it was submitted to gets ``abort``.
+
+        Arguments, waiting and errors are those of :meth:`add_request`; without a
+        ``request_id``, a unique one is generated (see :attr:`RequestStream.request_id`).
+        """
+        rid = _check_request_id(uuid.uuid4().hex if request_id is None else request_id)
+        stream = RequestStream(rid)
+        await self._admit(rid, prompt, final_stage_ids, stream)
+        try:
+            yield stream
+        finally:
+            if stream.terminal is None:
+                with trio.move_on_after(self._shutdown_grace, shield=True):
+                    await self.abort(rid)
 
     async def next_output(self) -> OrchOutput:
-        """Wait for the next output of any request, in the order they were decided.
+        """Wait for the next output of a request admitted with :meth:`add_request`.
 
-        Each request's outputs arrive in order and end with its one terminal output.
+        Outputs come in the order they were decided; each request's end with its one
+        terminal output.
 
         Raises:
           trio.EndOfChannel: the orchestrator has shut down and every output it
@@ -242,15 +318,32 @@ class Orchestrator:
 
         Aborting an unknown or already-ended request, or after shutdown, is a no-op.
         """
-        if not isinstance(request_id, str):
-            raise TypeError(
-                f"request_id must be a str, got {type(request_id).__name__} {request_id!r}"
-            )
+        _check_request_id(request_id)
         if self._closed:
             await trio.lowlevel.checkpoint()
             return
         with contextlib.suppress(trio.ClosedResourceError):  # shut down meanwhile:
             await self._call(_Abort(request_id))  # every request was aborted
+
+    async def drain(self) -> None:
+        """Wait until no request is in flight.
+
+        While a drain is in progress, new admissions wait (they are not refused): they
+        go ahead once every drain has returned, or fail with
+        ``trio.ClosedResourceError`` if the block exits first. So ``await
+        orch.drain()`` right before leaving the block is a graceful shutdown: the
+        requests in flight finish, and no new one starts.
+        """
+        self._draining.value += 1
+        try:
+            call = _Drain()
+            try:
+                await self._inbox_send.send(call)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return  # shut down: nothing is in flight any more
+            await call.done.wait()
+        finally:
+            self._draining.value -= 1
 
     def statistics(self) -> OrchestratorStatistics:
         """Return a snapshot of counters and queue lengths."""
@@ -264,11 +357,42 @@ class Orchestrator:
             aborted=core.aborted,
             errored=core.errored,
             dropped_outputs=core.dropped_outputs,
+            stages_alive=tuple(death is None for death in core.stage_deaths),
+            streams_open=len(self._streams),
             outputs_ready=self._results.statistics().current_buffer_used,
             commands_queued=tuple(
                 rx.statistics().current_buffer_used for _, rx in self._command_channels
             ),
+            admissions_waiting=self._admissions_waiting,
         )
+
+    # -- admission -------------------------------------------------------------------
+
+    async def _admit(
+        self,
+        request_id: str,
+        prompt: Any,
+        final_stage_ids: Iterable[int] | None,
+        stream: RequestStream | None,
+    ) -> None:
+        finals = self._core.request_finals(final_stage_ids)  # pure: validate here
+        if self._closed:
+            raise _closed_error()
+        self._core.check_new_id(request_id)  # fail fast; the handler checks again
+        self._admissions_waiting += 1
+        try:
+            if self._draining.value:
+                await self._draining.wait_value(0)
+            if self._admission is not None:
+                await self._admission.acquire()  # released by the handler at the terminal
+        finally:
+            self._admissions_waiting -= 1
+        try:
+            await self._call(_Admit(request_id, prompt, finals, stream))
+        except BaseException:
+            if self._admission is not None:
+                self._admission.release()  # not admitted
+            raise
 
     # -- tasks -----------------------------------------------------------------------
 
@@ -301,10 +425,20 @@ class Orchestrator:
 
     async def _handle(self) -> None:
         """The only task that touches the core."""
+        core = self._core
         try:
             while True:
-                for message in await _receive_batch(self._inbox):
+                deadline = core.next_deadline()
+                if deadline is None:
+                    batch = await _receive_batch(self._inbox)
+                else:  # the watchdog is armed: wake up for it
+                    batch = []
+                    with trio.move_on_at(deadline):
+                        batch = await _receive_batch(self._inbox)
+                core.now = trio.current_time()
+                for message in batch:
                     self._apply(message)
+                core.expire()
                 self._flush()
         finally:
             self._close_inbox()
@@ -321,16 +455,22 @@ class Orchestrator:
                 message.reply(_closed_error())
                 return
             try:
-                core.add_request(message.request_id, message.prompt)
+                core.add_request(message.request_id, message.prompt, message.finals)
             except ValueError as exc:
                 message.reply(exc)
-            else:
-                message.reply()
+                return
+            if message.stream is not None:  # before the flush: no output was routed yet
+                self._streams[message.request_id] = message.stream
+            message.reply()
         elif type(message) is _Abort:
             core.abort(message.request_id)
             message.reply()
         elif type(message) is _SubmitFailed:
             core.submit_failed(message.command, message.error)
+        elif type(message) is _StageDied:
+            core.stage_died(message.stage_id, message.reason)
+        elif type(message) is _Drain:
+            self._drains.append(message)
         elif type(message) is _Shutdown:
             self._accepting = False
             core.abort_all()
@@ -343,12 +483,26 @@ class Orchestrator:
             raise AssertionError(f"unexpected message {message!r}")
 
     def _flush(self) -> None:
-        """Hand what the core decided to the stages' delivery tasks and the user."""
+        """Hand what the core decided to the stages, the streams and the user."""
         core = self._core
         for command in core.take_commands():
             self._command_channels[command.stage_id][0].send_nowait(command)
+        streams = self._streams
         for output in core.take_outputs():
-            self._results_send.send_nowait(output)
+            stream = streams.get(output.request_id) if streams else None
+            if stream is None:
+                self._results_send.send_nowait(output)
+            else:
+                stream._put(output)
+            if output.finished:
+                if stream is not None:
+                    del streams[output.request_id]
+                if self._admission is not None:
+                    self._admission.release()
+        if self._drains and not core.in_flight:
+            for drain in self._drains:
+                drain.reply()
+            self._drains.clear()
 
     def _close_inbox(self) -> None:
         """Answer every call still queued, then refuse new ones."""
@@ -359,12 +513,18 @@ class Orchestrator:
                 break
             if isinstance(message, _Call):
                 message.reply(_closed_error())
+        for drain in self._drains:
+            drain.reply()
         self._inbox.close()
 
     async def _read_stage(
         self, stage_id: int, outputs: trio.abc.ReceiveChannel[StageOutput]
     ) -> None:
-        """Move stage ``stage_id``'s outputs to the handler, a batch at a time."""
+        """Move stage ``stage_id``'s outputs to the handler, a batch at a time.
+
+        When the channel ends or reading it fails, the stage is dead: the handler
+        ends the requests that need it.
+        """
         memory = isinstance(outputs, trio.MemoryReceiveChannel)
         while True:
             try:
@@ -373,15 +533,18 @@ class Orchestrator:
                 else:
                     batch = [await outputs.receive()]
             except (trio.EndOfChannel, trio.ClosedResourceError):
-                logger.warning("stage %d: its outputs channel ended", stage_id)
-                return
-            except Exception:
+                reason = "its outputs channel ended"
+                break
+            except Exception as exc:
                 logger.exception("stage %d: reading its outputs failed", stage_id)
-                return
+                reason = f"reading its outputs raised {describe(exc)}"
+                break
             try:
                 await self._inbox_send.send(_Outputs(stage_id, batch))
             except trio.BrokenResourceError:
                 return  # the handler is gone: we are shutting down
+        logger.warning("stage %d is dead: %s", stage_id, reason)
+        await self._report(_StageDied(stage_id, reason))
 
     async def _deliver(
         self, stage_id: int, stage: Stage, commands: trio.MemoryReceiveChannel[Command]
@@ -463,6 +626,8 @@ async def open_orchestrator(
     *,
     forward_fn: ForwardFn | None = None,
     prewarm_fn: PrewarmFn | None = None,
+    stage_idle_timeout: float | None = None,
+    max_in_flight: int | None = None,
     shutdown_grace: float = 5.0,
 ) -> AsyncIterator[Orchestrator]:
     """Run an orchestrator over ``stages`` for the duration of the block.
@@ -472,7 +637,7 @@ async def open_orchestrator(
     block stops admissions, aborts every in-flight request (its stream gets an
     ``"aborted"`` terminal; its stages get ``abort``), waits up to ``shutdown_grace``
     seconds -- shielded from cancellation -- for those aborts to reach the stages, then
-    cancels the orchestrator's tasks.
+    cancels the orchestrator's tasks. No task is left behind.
 
     Args:
       stages: The pipeline's stages, in order (see :class:`Stage`).
@@ -482,19 +647,38 @@ async def open_orchestrator(
           input from the non-``None`` data stage ``stage_id`` emitted, in order.
       prewarm_fn: ``prewarm_fn(stage_id, prompt)`` builds the placeholder input that
           stage ``stage_id >= 1`` gets at admission.
-      shutdown_grace: Seconds the shutdown may spend delivering aborts.
+      stage_idle_timeout: The watchdog: if a submitted stage sends nothing for a
+          request (since its submit or its last output) for this many seconds before
+          finishing it, the request ends with an ``"error"`` terminal and its stages
+          get ``abort``. ``None`` (the default) turns it off.
+      max_in_flight: Admission control: :meth:`~Orchestrator.add_request` and
+          :meth:`~Orchestrator.open_request` wait while this many requests are in
+          flight. ``None`` (the default): no limit.
+      shutdown_grace: Seconds the shutdown, and a stream's abort when its block is
+          left early, may spend delivering aborts.
 
     Raises:
-      ValueError: no stages, both or neither of ``forward_fn`` and ``prewarm_fn``, or
-          ``final_stage_ids`` empty or naming a stage that does not exist.
+      ValueError: no stages, both or neither of ``forward_fn`` and ``prewarm_fn``,
+          ``final_stage_ids`` empty or naming a stage that does not exist, or a
+          non-positive ``stage_idle_timeout``/``max_in_flight``.
       TypeError: a stage lacks ``outputs``/``submit``/``abort``, or a function is not
           callable.
     """
     stage_list = [check_stage(i, stage) for i, stage in enumerate(stages)]
     core = OrchestratorCore(
-        len(stage_list), final_stage_ids, forward_fn=forward_fn, prewarm_fn=prewarm_fn
+        len(stage_list),
+        final_stage_ids,
+        forward_fn=forward_fn,
+        prewarm_fn=prewarm_fn,
+        stage_idle_timeout=stage_idle_timeout,
     )
-    orchestrator = Orchestrator(core, stage_list)
+    if max_in_flight is not None and (
+        not isinstance(max_in_flight, int) or isinstance(max_in_flight, bool) or max_in_flight < 1
+    ):
+        raise ValueError(f"max_in_flight must be a positive int or None, got {max_in_flight!r}")
+    orchestrator = Orchestrator(
+        core, stage_list, max_in_flight=max_in_flight, shutdown_grace=shutdown_grace
+    )
     with unwrap_single_exception():
         async with trio.open_nursery() as nursery:
             orchestrator._start(nursery)

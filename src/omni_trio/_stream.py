@@ -1,0 +1,63 @@
+"""One request's own stream of outputs (see :meth:`Orchestrator.open_request`)."""
+
+from __future__ import annotations
+
+import math
+
+import trio
+
+from ._messages import OrchOutput
+
+__all__ = ["RequestStream"]
+
+
+class RequestStream:
+    """The outputs of one request, in order, ending with its terminal output.
+
+    Iterate it with ``async for``; the iteration stops after the terminal output,
+    which is also kept in :attr:`terminal`. Get one from
+    :meth:`Orchestrator.open_request`.
+
+    Attributes:
+      request_id: The request's id (generated when :meth:`~Orchestrator.open_request`
+          was not given one).
+      terminal: The request's terminal output once it has been received, else ``None``.
+    """
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.terminal: OrchOutput | None = None
+        self._send, self._receive = trio.open_memory_channel[OrchOutput](math.inf)
+
+    def __repr__(self) -> str:
+        state = "open" if self.terminal is None else self.terminal.finish_reason
+        return f"<RequestStream {self.request_id!r} {state}>"
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> OrchOutput:
+        if self.terminal is not None:
+            await trio.lowlevel.checkpoint()
+            raise StopAsyncIteration
+        output = await self._receive.receive()
+        if output.finished:
+            self.terminal = output
+        return output
+
+    async def receive(self) -> OrchOutput:
+        """The request's next output.
+
+        Raises:
+          trio.EndOfChannel: the terminal output was already received.
+        """
+        try:
+            return await self.__anext__()
+        except StopAsyncIteration:
+            raise trio.EndOfChannel from None
+
+    def _put(self, output: OrchOutput) -> None:
+        """Called by the orchestrator's handler; never blocks."""
+        self._send.send_nowait(output)
+        if output.finished:
+            self._send.close()
