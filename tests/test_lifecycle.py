@@ -292,19 +292,23 @@ class TestFaultMatrix:
                 await trio.testing.wait_all_tasks_blocked()
                 assert orch.statistics().admissions_waiting == 1
                 assert stages[0].submitted_ids() == ["a", "b"]
-                # A cancelled waiter admits nothing and takes no slot.
+                # A cancelled waiter admits nothing and takes no slot (nor its id).
                 with trio.move_on_after(1):
                     await orch.add_request("d", "p")
+                with pytest.raises(ValueError, match="already in flight"):
+                    await orch.add_request("c", "p")  # waiting, but its id is taken
                 await trio.sleep(1)
                 await stages[0].emit("a", "done", finished=True)
             assert admitted_c_at == 2
+            await trio.testing.wait_all_tasks_blocked()
             assert stages[0].submitted_ids() == ["a", "b", "c"]
             assert orch.statistics().admitted == 3
             # Errors at admission give the slot back too.
             with pytest.raises(ValueError, match="already in flight"):
                 await orch.add_request("b", "p")
             await stages[0].emit("b", "done", finished=True)
-            await orch.add_request("e", "p")
+            await orch.add_request("d", "p")
+            await trio.testing.wait_all_tasks_blocked()
             assert orch.statistics().in_flight == 2
 
 
@@ -333,6 +337,7 @@ class TestStreams:
             with pytest.raises(ValueError, match="already in flight"):
                 async with orch.open_request("p", request_id="r"):
                     pytest.fail("must not get here")  # pragma: no cover
+            await trio.testing.wait_all_tasks_blocked()
             assert orch.statistics().streams_open == 1
 
     async def test_a_consumer_that_does_not_read_delays_no_one(self, autojump_clock):

@@ -127,24 +127,22 @@ class _Call:
         self.done.set()
 
 
-class _Admit(_Call):
+class _Admit:
     __slots__ = ("finals", "prompt", "request_id", "stream")
 
     def __init__(
         self, request_id: str, prompt: Any, finals: frozenset[int], stream: RequestStream | None
     ) -> None:
-        super().__init__()
         self.request_id = request_id
         self.prompt = prompt
         self.finals = finals
         self.stream = stream
 
 
-class _Abort(_Call):
+class _Abort:
     __slots__ = ("request_id",)
 
     def __init__(self, request_id: str) -> None:
-        super().__init__()
         self.request_id = request_id
 
 
@@ -158,7 +156,7 @@ class _Shutdown(_Call):
     __slots__ = ()
 
 
-_Message = _Outputs | _SubmitFailed | _StageDied | _Call
+_Message = _Outputs | _Admit | _Abort | _SubmitFailed | _StageDied | _Call
 
 
 async def _receive_batch(channel: trio.MemoryReceiveChannel[T]) -> list[T]:
@@ -200,10 +198,12 @@ class Orchestrator:
         self._stages = tuple(stages)
         self._shutdown_grace = shutdown_grace
         self._closed = False  # no more admissions (set when the block exits)
-        self._accepting = True  # the handler's view of the same fact
+        self._accepting = True  # the handler's view: False once it shut down
+        self._admitting: set[str] = set()  # ids on their way to the handler
         self._inbox_send, self._inbox = trio.open_memory_channel[_Message](_INBOX_SIZE)
         self._results_send, self._results = trio.open_memory_channel[OrchOutput](math.inf)
         self._command_channels = [trio.open_memory_channel[Command](math.inf) for _ in self._stages]
+        self._undelivered = [0] * len(self._stages)  # per stage: decided, not yet delivered
         self._streams: dict[str, RequestStream] = {}  # the handler's routing table
         self._admission = None if max_in_flight is None else trio.Semaphore(max_in_flight)
         self._draining = AsyncValue(0)  # drain() calls in progress
@@ -250,10 +250,13 @@ class Orchestrator:
               pipeline's.
 
         Waits while ``max_in_flight`` requests are in flight, or while a
-        :meth:`drain` is in progress. Returns once the request is registered and its
-        submits are queued for the stages; it does not wait for the stages to accept
-        them, so a slow ``submit`` never blocks the caller. If this call is
-        cancelled, the request was not admitted.
+        :meth:`drain` is in progress, then hands the admission to the orchestrator
+        and returns: it never waits for a stage, so a slow ``submit`` never blocks
+        the caller. That hand-over is the commit point: if this call is cancelled,
+        the request was not admitted; if it returns, the request will get exactly
+        one terminal, even if the orchestrator shuts down before handling it. A
+        failing ``prewarm_fn`` or a dead stage shows up as that terminal, not as an
+        exception here.
 
         Raises:
           TypeError: ``request_id`` is not a ``str``, or ``final_stage_ids`` is not
@@ -289,7 +292,7 @@ class Orchestrator:
         try:
             yield stream
         finally:
-            if stream.terminal is None:
+            if stream.terminal is None:  # left early: a bounded, shielded send
                 with trio.move_on_after(self._shutdown_grace, shield=True):
                     await self.abort(rid)
 
@@ -308,8 +311,10 @@ class Orchestrator:
     async def abort(self, request_id: str) -> None:
         """End a request now.
 
-        Every stage the request was submitted to gets ``abort(request_id)`` (in the
-        background, after any submit still queued for it); the request's stream gets
+        Returns once the abort is handed to the orchestrator, which carries it out in
+        order with everything handed to it before. Every stage the request was
+        submitted to gets ``abort(request_id)`` (in the background, after any submit
+        still queued for it); the request's stream gets
         one terminal with ``finish_reason="aborted"`` and ``stage_id = last_stage``,
         and anything the stages send for it later is dropped. If every final stage
         had already finished and the terminal was only held for a straggling stage,
@@ -322,8 +327,8 @@ class Orchestrator:
         if self._closed:
             await trio.lowlevel.checkpoint()
             return
-        with contextlib.suppress(trio.ClosedResourceError):  # shut down meanwhile:
-            await self._call(_Abort(request_id))  # every request was aborted
+        with contextlib.suppress(trio.BrokenResourceError):  # shut down meanwhile:
+            await self._inbox_send.send(_Abort(request_id))  # every request was aborted
 
     async def drain(self) -> None:
         """Wait until no request is in flight.
@@ -360,9 +365,7 @@ class Orchestrator:
             stages_alive=tuple(death is None for death in core.stage_deaths),
             streams_open=len(self._streams),
             outputs_ready=self._results.statistics().current_buffer_used,
-            commands_queued=tuple(
-                rx.statistics().current_buffer_used for _, rx in self._command_channels
-            ),
+            commands_queued=tuple(self._undelivered),
             admissions_waiting=self._admissions_waiting,
         )
 
@@ -375,24 +378,43 @@ class Orchestrator:
         final_stage_ids: Iterable[int] | None,
         stream: RequestStream | None,
     ) -> None:
+        """Queue an admission for the handler; the send is the commit point.
+
+        Cancelled before the send: nothing happened. After it, the request is admitted
+        and will get a terminal, even if the orchestrator shuts down meanwhile.
+        """
         finals = self._core.request_finals(final_stage_ids)  # pure: validate here
         if self._closed:
             raise _closed_error()
-        self._core.check_new_id(request_id)  # fail fast; the handler checks again
-        self._admissions_waiting += 1
+        if request_id in self._admitting:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        self._core.check_new_id(request_id)
+        self._admitting.add(request_id)  # from here on, the same id is refused at once
+        acquired = False
         try:
-            if self._draining.value:
-                await self._draining.wait_value(0)
-            if self._admission is not None:
-                await self._admission.acquire()  # released by the handler at the terminal
-        finally:
-            self._admissions_waiting -= 1
-        try:
-            await self._call(_Admit(request_id, prompt, finals, stream))
+            self._admissions_waiting += 1
+            try:
+                if self._draining.value:
+                    await self._draining.wait_value(0)
+                if self._admission is not None:
+                    await self._admission.acquire()  # released by the handler at the terminal
+                    acquired = True
+            finally:
+                self._admissions_waiting -= 1
+            await self._send_admission(_Admit(request_id, prompt, finals, stream))
         except BaseException:
-            if self._admission is not None:
-                self._admission.release()  # not admitted
+            self._admitting.discard(request_id)
+            if acquired:
+                self._admission.release()  # type: ignore[union-attr]
             raise
+
+    async def _send_admission(self, admit: _Admit) -> None:
+        if self._closed:  # it may have closed while we waited
+            raise _closed_error()
+        try:
+            await self._inbox_send.send(admit)
+        except trio.BrokenResourceError:
+            raise _closed_error() from None
 
     # -- tasks -----------------------------------------------------------------------
 
@@ -451,20 +473,9 @@ class Orchestrator:
             for output in message.outputs:
                 receive_output(stage_id, output)
         elif type(message) is _Admit:
-            if not self._accepting:
-                message.reply(_closed_error())
-                return
-            try:
-                core.add_request(message.request_id, message.prompt, message.finals)
-            except ValueError as exc:
-                message.reply(exc)
-                return
-            if message.stream is not None:  # before the flush: no output was routed yet
-                self._streams[message.request_id] = message.stream
-            message.reply()
+            self._admit_now(message)
         elif type(message) is _Abort:
             core.abort(message.request_id)
-            message.reply()
         elif type(message) is _SubmitFailed:
             core.submit_failed(message.command, message.error)
         elif type(message) is _StageDied:
@@ -472,21 +483,33 @@ class Orchestrator:
         elif type(message) is _Drain:
             self._drains.append(message)
         elif type(message) is _Shutdown:
-            self._accepting = False
             core.abort_all()
             self._flush()
-            self._results_send.close()
+            self._accepting = False
             for send, _ in self._command_channels:
                 send.close()
             message.reply()
         else:  # pragma: no cover
             raise AssertionError(f"unexpected message {message!r}")
 
+    def _admit_now(self, message: _Admit) -> None:
+        rid = message.request_id
+        self._admitting.discard(rid)
+        self._core.add_request(rid, message.prompt, message.finals)
+        if message.stream is not None:  # before the flush: no output was routed yet
+            self._streams[rid] = message.stream
+        if not self._accepting:  # queued before the shutdown, arrived after it
+            self._core.abort(rid)
+
     def _flush(self) -> None:
         """Hand what the core decided to the stages, the streams and the user."""
         core = self._core
-        for command in core.take_commands():
-            self._command_channels[command.stage_id][0].send_nowait(command)
+        commands = core.take_commands()
+        if self._accepting:  # after the shutdown's aborts went out, stages get nothing
+            undelivered = self._undelivered
+            for command in commands:
+                self._command_channels[command.stage_id][0].send_nowait(command)
+                undelivered[command.stage_id] += 1
         streams = self._streams
         for output in core.take_outputs():
             stream = streams.get(output.request_id) if streams else None
@@ -505,17 +528,27 @@ class Orchestrator:
             self._drains.clear()
 
     def _close_inbox(self) -> None:
-        """Answer every call still queued, then refuse new ones."""
+        """The handler is ending: settle every message still queued, then close.
+
+        Admissions that were queued end with an ``"aborted"`` terminal (their callers
+        were told they were admitted); calls are answered.
+        """
+        self._accepting = False
         while True:
             try:
                 message = self._inbox.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 break
-            if isinstance(message, _Call):
+            if type(message) is _Admit:
+                self._admit_now(message)
+            elif isinstance(message, _Call):
                 message.reply(_closed_error())
+        self._core.abort_all()
+        self._flush()
         for drain in self._drains:
             drain.reply()
         self._inbox.close()
+        self._results_send.close()
 
     async def _read_stage(
         self, stage_id: int, outputs: trio.abc.ReceiveChannel[StageOutput]
@@ -561,33 +594,31 @@ class Orchestrator:
                 except trio.EndOfChannel:
                     return  # shutdown: everything queued was delivered
                 for command in batch:
-                    if type(command) is Submit:
-                        if not self._accepting:
-                            continue  # shutting down: the request is being aborted
-                        try:
-                            await stage.submit(command.request_id, command.inputs)
-                        except Exception as exc:
-                            logger.debug(
-                                "stage %d: submit(%r) raised",
-                                stage_id,
-                                command.request_id,
-                                exc_info=True,
-                            )
-                            await self._report(_SubmitFailed(command, exc))
-                    else:
-                        try:
-                            await stage.abort(command.request_id)
-                        except Exception:
-                            logger.warning(
-                                "stage %d: abort(%r) raised",
-                                stage_id,
-                                command.request_id,
-                                exc_info=True,
-                            )
+                    await self._deliver_one(stage_id, stage, command)
+                    self._undelivered[stage_id] -= 1
         finally:
             self._deliveries_left -= 1
             if not self._deliveries_left:
                 self._deliveries_done.set()
+
+    async def _deliver_one(self, stage_id: int, stage: Stage, command: Command) -> None:
+        if type(command) is Submit:
+            if not self._accepting:
+                return  # shutting down: the request is being aborted
+            try:
+                await stage.submit(command.request_id, command.inputs)
+            except Exception as exc:
+                logger.debug(
+                    "stage %d: submit(%r) raised", stage_id, command.request_id, exc_info=True
+                )
+                await self._report(_SubmitFailed(command, exc))
+        else:
+            try:
+                await stage.abort(command.request_id)
+            except Exception:
+                logger.warning(
+                    "stage %d: abort(%r) raised", stage_id, command.request_id, exc_info=True
+                )
 
     async def _report(self, message: _Message) -> None:
         with contextlib.suppress(trio.BrokenResourceError):  # shutting down: the request
