@@ -63,7 +63,7 @@ def lint(session: nox.Session) -> None:
 @nox.session(python="3.12")
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on the package (checked as Python 3.10, the oldest supported)."""
-    session.install("mypy", "-e", ".", "exceptiongroup")
+    session.install("mypy", "-e", ".", "exceptiongroup", "taskgroup")  # 3.10-only deps
     session.run("mypy", "--strict", "src")
 
 

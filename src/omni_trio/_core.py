@@ -104,6 +104,13 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def check_request_id(request_id: object) -> str:
+    """Return ``request_id`` if it is a ``str``, else raise ``TypeError``."""
+    if not isinstance(request_id, str):
+        raise TypeError(f"request_id must be a str, got {type(request_id).__name__} {request_id!r}")
+    return request_id
+
+
 def validate_final_stage_ids(final_stage_ids: Iterable[int], num_stages: int) -> frozenset[int]:
     """Check that ``final_stage_ids`` is a non-empty set of valid stage indexes."""
     if isinstance(final_stage_ids, (str, bytes)) or not isinstance(final_stage_ids, Iterable):

@@ -27,7 +27,16 @@ import attrs
 import trio
 from trio_util import AsyncValue
 
-from ._core import Command, ForwardFn, Mode, OrchestratorCore, PrewarmFn, Submit, describe
+from ._core import (
+    Command,
+    ForwardFn,
+    Mode,
+    OrchestratorCore,
+    PrewarmFn,
+    Submit,
+    check_request_id,
+    describe,
+)
 from ._errors import unwrap_single_exception
 from ._messages import OrchOutput, StageOutput
 from ._stage import Stage, check_stage
@@ -177,10 +186,11 @@ def _closed_error() -> trio.ClosedResourceError:
     )
 
 
-def _check_request_id(request_id: object) -> str:
-    if not isinstance(request_id, str):
-        raise TypeError(f"request_id must be a str, got {type(request_id).__name__} {request_id!r}")
-    return request_id
+def check_max_in_flight(max_in_flight: object) -> None:
+    if max_in_flight is not None and (
+        not isinstance(max_in_flight, int) or isinstance(max_in_flight, bool) or max_in_flight < 1
+    ):
+        raise ValueError(f"max_in_flight must be a positive int or None, got {max_in_flight!r}")
 
 
 class Orchestrator:
@@ -265,7 +275,7 @@ class Orchestrator:
               ``final_stage_ids`` is not a subset of the pipeline's final stages.
           trio.ClosedResourceError: the orchestrator's block has exited.
         """
-        await self._admit(_check_request_id(request_id), prompt, final_stage_ids, None)
+        await self._admit(check_request_id(request_id), prompt, final_stage_ids, None)
 
     @asynccontextmanager
     async def open_request(
@@ -286,7 +296,7 @@ class Orchestrator:
         Arguments, waiting and errors are those of :meth:`add_request`; without a
         ``request_id``, a unique one is generated (see :attr:`RequestStream.request_id`).
         """
-        rid = _check_request_id(uuid.uuid4().hex if request_id is None else request_id)
+        rid = check_request_id(uuid.uuid4().hex if request_id is None else request_id)
         stream = RequestStream(rid)
         await self._admit(rid, prompt, final_stage_ids, stream)
         try:
@@ -323,7 +333,7 @@ class Orchestrator:
 
         Aborting an unknown or already-ended request, or after shutdown, is a no-op.
         """
-        _check_request_id(request_id)
+        check_request_id(request_id)
         if self._closed:
             await trio.lowlevel.checkpoint()
             return
@@ -703,10 +713,7 @@ async def open_orchestrator(
         prewarm_fn=prewarm_fn,
         stage_idle_timeout=stage_idle_timeout,
     )
-    if max_in_flight is not None and (
-        not isinstance(max_in_flight, int) or isinstance(max_in_flight, bool) or max_in_flight < 1
-    ):
-        raise ValueError(f"max_in_flight must be a positive int or None, got {max_in_flight!r}")
+    check_max_in_flight(max_in_flight)
     orchestrator = Orchestrator(
         core, stage_list, max_in_flight=max_in_flight, shutdown_grace=shutdown_grace
     )

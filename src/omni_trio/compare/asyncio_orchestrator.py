@@ -1,0 +1,616 @@
+"""The asyncio twin: the seed's own design around the same sans-IO core.
+
+asyncio tasks and ``asyncio.Queue``\\ s: a reader task per stage, one request handler
+(the only task that touches the core), a delivery task per stage, and queues between
+them -- the same shape as the Trio orchestrator, written as an asyncio engineer
+would: a ``TaskGroup`` owns the tasks (the ``taskgroup`` backport on 3.10), hot paths
+drain queues with ``get_nowait()`` after a blocking ``get()``, and the watchdog is an
+``asyncio.timeout_at`` around the handler's wait.
+
+The public semantics match :func:`omni_trio.open_orchestrator`'s: both modes,
+per-request output modalities and streams, abort, per-request errors, stage death,
+the watchdog, admission control, drain, metrics and dropped-output counting. Where
+asyncio differs (cancellation is edge-triggered, shields orphan their inner task),
+the code says how it copes; ``docs/cancellation.md`` compares the two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Protocol, TypeVar
+
+from .._core import (
+    Command,
+    ForwardFn,
+    Mode,
+    OrchestratorCore,
+    PrewarmFn,
+    Submit,
+    check_request_id,
+    describe,
+)
+from .._errors import unwrap_single_exception
+from .._messages import OrchOutput, StageOutput
+from .._orchestrator import OrchestratorStatistics, check_max_in_flight
+
+if sys.version_info >= (3, 11):
+    from asyncio import TaskGroup, timeout, timeout_at
+else:  # pragma: no cover - exercised by the 3.10 session
+    from taskgroup import TaskGroup, timeout, timeout_at
+
+# asyncio.TimeoutError is the builtin from 3.11 on; on 3.10 it is its own class.
+_TIMEOUTS = (TimeoutError, asyncio.TimeoutError)
+
+__all__ = [
+    "END_OF_OUTPUTS",
+    "AsyncioOrchestrator",
+    "AsyncioRequestStream",
+    "AsyncioStage",
+    "EndOfOutputs",
+    "OrchestratorClosed",
+    "open_asyncio_orchestrator",
+]
+
+logger = logging.getLogger("omni_trio.compare")
+
+T = TypeVar("T")
+
+_INBOX_SIZE = 64  # as in the Trio orchestrator
+_MAX_BATCH = 512
+
+END_OF_OUTPUTS: Any = type("EndOfOutputs", (), {"__repr__": lambda self: "END_OF_OUTPUTS"})()
+"""Put on a stage's ``outputs`` queue to say the stage is gone (its outputs ended)."""
+
+
+class EndOfOutputs(Exception):
+    """:meth:`AsyncioOrchestrator.next_output` after shutdown, every output taken."""
+
+
+class OrchestratorClosed(RuntimeError):
+    """An admission after the orchestrator's block exited."""
+
+
+class AsyncioStage(Protocol):
+    """A stage engine as the asyncio twin sees it.
+
+    ``outputs`` is either an ``asyncio.Queue`` of :class:`~omni_trio.StageOutput`
+    (read in batches; :data:`END_OF_OUTPUTS` or, on 3.13, ``Queue.shutdown()`` ends
+    it) or any async iterator of them (its end ends the stage).
+    """
+
+    outputs: asyncio.Queue[StageOutput] | AsyncIterator[StageOutput]
+
+    async def submit(self, request_id: str, inputs: Any) -> None: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+
+def _check_stage(index: int, stage: object) -> AsyncioStage:
+    missing = [name for name in ("outputs", "submit", "abort") if not hasattr(stage, name)]
+    if missing:
+        raise TypeError(
+            f"stages[{index}] ({stage!r}) is not a Stage: it lacks {', '.join(missing)}"
+        )
+    outputs = stage.outputs  # type: ignore[attr-defined]
+    if not isinstance(outputs, asyncio.Queue) and not hasattr(outputs, "__anext__"):
+        raise TypeError(
+            f"stages[{index}].outputs must be an asyncio.Queue or an async iterator, "
+            f"got {outputs!r}"
+        )
+    return stage  # type: ignore[return-value]
+
+
+def _closed_error() -> OrchestratorClosed:
+    return OrchestratorClosed(
+        "the orchestrator is closed: requests can only be added inside its "
+        "'async with open_asyncio_orchestrator(...)' block"
+    )
+
+
+async def _get_batch(queue: asyncio.Queue[T]) -> list[T]:
+    """Wait for one item, then take whatever else is ready."""
+    batch = [await queue.get()]
+    try:
+        while len(batch) < _MAX_BATCH:
+            batch.append(queue.get_nowait())
+    except asyncio.QueueEmpty:
+        pass
+    return batch
+
+
+class AsyncioRequestStream:
+    """One request's outputs, in order, ending with its terminal (``async for``)."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.terminal: OrchOutput | None = None
+        self._queue: asyncio.Queue[OrchOutput] = asyncio.Queue()
+
+    def __aiter__(self) -> AsyncioRequestStream:
+        return self
+
+    async def __anext__(self) -> OrchOutput:
+        if self.terminal is not None:
+            raise StopAsyncIteration
+        output = await self._queue.get()
+        if output.finished:
+            self.terminal = output
+        return output
+
+    async def receive(self) -> OrchOutput:
+        """The next output; ``EndOfOutputs`` once the terminal was received."""
+        try:
+            return await self.__anext__()
+        except StopAsyncIteration:
+            raise EndOfOutputs from None
+
+
+# -- messages to the handler (same meaning as the Trio orchestrator's) --------------
+
+
+class _Outputs:
+    __slots__ = ("outputs", "stage_id")
+
+    def __init__(self, stage_id: int, outputs: list[Any]) -> None:
+        self.stage_id = stage_id
+        self.outputs = outputs
+
+
+class _Admit:
+    __slots__ = ("finals", "prompt", "request_id", "stream")
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt: Any,
+        finals: frozenset[int],
+        stream: AsyncioRequestStream | None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.finals = finals
+        self.stream = stream
+
+
+class _Abort:
+    __slots__ = ("request_id",)
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+
+
+class _SubmitFailed:
+    __slots__ = ("command", "error")
+
+    def __init__(self, command: Submit, error: Exception) -> None:
+        self.command = command
+        self.error = error
+
+
+class _StageDied:
+    __slots__ = ("reason", "stage_id")
+
+    def __init__(self, stage_id: int, reason: str) -> None:
+        self.stage_id = stage_id
+        self.reason = reason
+
+
+class _Call:
+    """Answered through a future."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def reply(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+class _Drain(_Call):
+    __slots__ = ()
+
+
+class _Shutdown(_Call):
+    __slots__ = ()
+
+
+_Message = _Outputs | _Admit | _Abort | _SubmitFailed | _StageDied | _Call
+
+
+class AsyncioOrchestrator:
+    """A running asyncio twin; get one from :func:`open_asyncio_orchestrator`."""
+
+    def __init__(
+        self,
+        core: OrchestratorCore,
+        stages: Sequence[AsyncioStage],
+        *,
+        max_in_flight: int | None,
+        shutdown_grace: float,
+    ) -> None:
+        self._core = core
+        self._stages = tuple(stages)
+        self._shutdown_grace = shutdown_grace
+        self._closed = False
+        self._accepting = True
+        self._admitting: set[str] = set()
+        self._inbox: asyncio.Queue[_Message] = asyncio.Queue(_INBOX_SIZE)
+        self._results: asyncio.Queue[Any] = asyncio.Queue()
+        self._results_closed = False
+        self._commands: list[asyncio.Queue[Command | None]] = [
+            asyncio.Queue() for _ in self._stages
+        ]
+        self._undelivered = [0] * len(self._stages)
+        self._streams: dict[str, AsyncioRequestStream] = {}
+        self._admission = None if max_in_flight is None else asyncio.Semaphore(max_in_flight)
+        self._draining = 0
+        self._drain_over = asyncio.Event()
+        self._drains: list[_Drain] = []
+        self._admissions_waiting = 0
+        self._deliveries: list[asyncio.Task[None]] = []
+        self._background: list[asyncio.Task[None]] = []
+
+    # -- public API (mirrors omni_trio.Orchestrator) -------------------------------
+
+    @property
+    def mode(self) -> Mode:
+        return self._core.mode
+
+    @property
+    def final_stage_ids(self) -> frozenset[int]:
+        return self._core.final_stage_ids
+
+    @property
+    def last_stage(self) -> int:
+        return self._core.last_stage
+
+    @property
+    def dropped_outputs(self) -> int:
+        return self._core.dropped_outputs
+
+    async def add_request(
+        self, request_id: str, prompt: Any, *, final_stage_ids: Iterable[int] | None = None
+    ) -> None:
+        """Admit a request; see :meth:`omni_trio.Orchestrator.add_request`."""
+        await self._admit(check_request_id(request_id), prompt, final_stage_ids, None)
+
+    @asynccontextmanager
+    async def open_request(
+        self,
+        prompt: Any,
+        *,
+        request_id: str | None = None,
+        final_stage_ids: Iterable[int] | None = None,
+    ) -> AsyncIterator[AsyncioRequestStream]:
+        """Admit a request and read its outputs from the block; leaving early aborts it."""
+        rid = check_request_id(uuid.uuid4().hex if request_id is None else request_id)
+        stream = AsyncioRequestStream(rid)
+        await self._admit(rid, prompt, final_stage_ids, stream)
+        try:
+            yield stream
+        finally:
+            if stream.terminal is None and not self._closed:
+                # asyncio cancellation is edge-triggered: this await runs even when the
+                # block is left because the task was cancelled. It can only block while
+                # the inbox is full, which the handler empties promptly.
+                await self._send(_Abort(rid))
+
+    async def next_output(self) -> OrchOutput:
+        """The next output of a request admitted with :meth:`add_request`.
+
+        Raises:
+          EndOfOutputs: after shutdown, once every output was taken.
+        """
+        output = await self._results.get()
+        if output is END_OF_OUTPUTS:
+            self._results.put_nowait(END_OF_OUTPUTS)  # for the next caller
+            raise EndOfOutputs("the orchestrator has shut down")
+        return output  # type: ignore[no-any-return]
+
+    async def abort(self, request_id: str) -> None:
+        """End a request now; see :meth:`omni_trio.Orchestrator.abort`."""
+        check_request_id(request_id)
+        if self._closed:
+            await asyncio.sleep(0)
+            return
+        await self._send(_Abort(request_id))
+
+    async def drain(self) -> None:
+        """Wait until no request is in flight; admissions wait meanwhile."""
+        self._draining += 1
+        self._drain_over.clear()
+        try:
+            call = _Drain()
+            if self._closed:
+                return
+            await self._send(call)
+            await call.done
+        finally:
+            self._draining -= 1
+            if not self._draining:
+                self._drain_over.set()
+
+    def statistics(self) -> OrchestratorStatistics:
+        core = self._core
+        return OrchestratorStatistics(
+            mode=core.mode,
+            in_flight=core.in_flight,
+            pending_final=core.pending_final,
+            admitted=core.admitted,
+            completed=core.completed,
+            aborted=core.aborted,
+            errored=core.errored,
+            dropped_outputs=core.dropped_outputs,
+            stages_alive=tuple(death is None for death in core.stage_deaths),
+            streams_open=len(self._streams),
+            outputs_ready=self._results.qsize() - self._results_closed,
+            commands_queued=tuple(self._undelivered),
+            admissions_waiting=self._admissions_waiting,
+        )
+
+    # -- admission -------------------------------------------------------------------
+
+    async def _admit(
+        self,
+        request_id: str,
+        prompt: Any,
+        final_stage_ids: Iterable[int] | None,
+        stream: AsyncioRequestStream | None,
+    ) -> None:
+        finals = self._core.request_finals(final_stage_ids)
+        if self._closed:
+            raise _closed_error()
+        if request_id in self._admitting:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        self._core.check_new_id(request_id)
+        self._admitting.add(request_id)
+        acquired = False
+        try:
+            self._admissions_waiting += 1
+            try:
+                while self._draining:
+                    await self._drain_over.wait()
+                if self._admission is not None:
+                    await self._admission.acquire()
+                    acquired = True
+            finally:
+                self._admissions_waiting -= 1
+            await self._send_admission(_Admit(request_id, prompt, finals, stream))
+        except BaseException:
+            self._admitting.discard(request_id)
+            if acquired:
+                self._admission.release()  # type: ignore[union-attr]
+            raise
+
+    async def _send_admission(self, admit: _Admit) -> None:
+        if self._closed:  # it may have closed while we waited
+            raise _closed_error()
+        # The commit point: a put that is cancelled has not enqueued anything.
+        await self._inbox.put(admit)
+
+    async def _send(self, message: _Message) -> None:
+        await self._inbox.put(message)
+
+    # -- tasks -----------------------------------------------------------------------
+
+    def _start(self, group: TaskGroup) -> None:
+        for sid, stage in enumerate(self._stages):
+            self._background.append(group.create_task(self._read_stage(sid, stage.outputs)))
+            self._deliveries.append(group.create_task(self._deliver(sid, stage)))
+        self._background.append(group.create_task(self._handle()))
+
+    async def _handle(self) -> None:
+        core = self._core
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                deadline = core.next_deadline()
+                batch: list[_Message] = []
+                if deadline is None:
+                    batch = await _get_batch(self._inbox)
+                else:
+                    try:
+                        async with timeout_at(deadline):
+                            batch = await _get_batch(self._inbox)
+                    except _TIMEOUTS:
+                        pass
+                core.now = loop.time()
+                for message in batch:
+                    self._apply(message)
+                core.expire()
+                self._flush()
+        finally:
+            self._close_inbox()
+
+    def _apply(self, message: _Message) -> None:
+        core = self._core
+        if type(message) is _Outputs:
+            receive_output = core.receive_output
+            stage_id = message.stage_id
+            for output in message.outputs:
+                receive_output(stage_id, output)
+        elif type(message) is _Admit:
+            self._admit_now(message)
+        elif type(message) is _Abort:
+            core.abort(message.request_id)
+        elif type(message) is _SubmitFailed:
+            core.submit_failed(message.command, message.error)
+        elif type(message) is _StageDied:
+            core.stage_died(message.stage_id, message.reason)
+        elif type(message) is _Drain:
+            self._drains.append(message)
+        elif type(message) is _Shutdown:
+            core.abort_all()
+            self._flush()
+            self._accepting = False
+            for queue in self._commands:
+                queue.put_nowait(None)  # the delivery ends after what is queued
+            message.reply()
+        else:  # pragma: no cover
+            raise AssertionError(f"unexpected message {message!r}")
+
+    def _admit_now(self, message: _Admit) -> None:
+        rid = message.request_id
+        self._admitting.discard(rid)
+        self._core.add_request(rid, message.prompt, message.finals)
+        if message.stream is not None:
+            self._streams[rid] = message.stream
+        if not self._accepting:
+            self._core.abort(rid)
+
+    def _flush(self) -> None:
+        core = self._core
+        commands = core.take_commands()
+        if self._accepting:
+            for command in commands:
+                self._commands[command.stage_id].put_nowait(command)
+                self._undelivered[command.stage_id] += 1
+        streams = self._streams
+        for output in core.take_outputs():
+            stream = streams.get(output.request_id) if streams else None
+            if stream is None:
+                self._results.put_nowait(output)
+            else:
+                stream._queue.put_nowait(output)
+            if output.finished:
+                if stream is not None:
+                    del streams[output.request_id]
+                if self._admission is not None:
+                    self._admission.release()
+        if self._drains and not core.in_flight:
+            for drain in self._drains:
+                drain.reply()
+            self._drains.clear()
+
+    def _close_inbox(self) -> None:
+        self._accepting = False
+        while True:
+            try:
+                message = self._inbox.get_nowait()
+            except asyncio.QueueEmpty:
+                break
+            if type(message) is _Admit:
+                self._admit_now(message)
+            elif isinstance(message, _Call):
+                message.reply()
+        self._core.abort_all()
+        self._flush()
+        for drain in self._drains:
+            drain.reply()
+        self._results.put_nowait(END_OF_OUTPUTS)
+        self._results_closed = True
+
+    async def _read_stage(self, stage_id: int, outputs: Any) -> None:
+        reason = "its outputs channel ended"
+        try:
+            if isinstance(outputs, asyncio.Queue):
+                while True:
+                    batch = await _get_batch(outputs)
+                    if END_OF_OUTPUTS in batch:
+                        batch = batch[: batch.index(END_OF_OUTPUTS)]
+                        if batch:
+                            await self._send(_Outputs(stage_id, batch))
+                        break
+                    await self._send(_Outputs(stage_id, batch))
+            else:
+                async for output in outputs:
+                    await self._send(_Outputs(stage_id, [output]))
+        except Exception as exc:
+            if type(exc).__name__ != "QueueShutDown":  # 3.13's Queue.shutdown(): an end
+                logger.exception("stage %d: reading its outputs failed", stage_id)
+                reason = f"reading its outputs raised {describe(exc)}"
+        logger.warning("stage %d is dead: %s", stage_id, reason)
+        await self._send(_StageDied(stage_id, reason))
+
+    async def _deliver(self, stage_id: int, stage: AsyncioStage) -> None:
+        queue = self._commands[stage_id]
+        while True:
+            for command in await _get_batch(queue):
+                if command is None:
+                    return  # shutdown: everything queued before it was delivered
+                await self._deliver_one(stage_id, stage, command)
+                self._undelivered[stage_id] -= 1
+
+    async def _deliver_one(self, stage_id: int, stage: AsyncioStage, command: Command) -> None:
+        if type(command) is Submit:
+            if not self._accepting:
+                return
+            try:
+                await stage.submit(command.request_id, command.inputs)
+            except Exception as exc:
+                logger.debug(
+                    "stage %d: submit(%r) raised", stage_id, command.request_id, exc_info=True
+                )
+                await self._send(_SubmitFailed(command, exc))
+        else:
+            try:
+                await stage.abort(command.request_id)
+            except Exception:
+                logger.warning(
+                    "stage %d: abort(%r) raised", stage_id, command.request_id, exc_info=True
+                )
+
+    async def _shutdown(self) -> None:
+        self._closed = True
+        call = _Shutdown()
+        await self._send(call)
+        await call.done
+        await asyncio.gather(*self._deliveries)
+
+    def _stop_tasks(self) -> None:
+        for task in (*self._background, *self._deliveries):
+            task.cancel()
+
+
+@asynccontextmanager
+async def open_asyncio_orchestrator(
+    stages: Sequence[AsyncioStage],
+    final_stage_ids: Iterable[int],
+    *,
+    forward_fn: ForwardFn | None = None,
+    prewarm_fn: PrewarmFn | None = None,
+    stage_idle_timeout: float | None = None,
+    max_in_flight: int | None = None,
+    shutdown_grace: float = 5.0,
+) -> AsyncIterator[AsyncioOrchestrator]:
+    """The asyncio twin of :func:`omni_trio.open_orchestrator` (same arguments).
+
+    Leaving the block aborts every in-flight request and delivers the aborts within
+    ``shutdown_grace`` seconds, then cancels the tasks. Unlike the Trio version, the
+    shutdown is not shielded: a second cancellation of the task leaving the block
+    interrupts it (asyncio has no shield that waits, see ``docs/cancellation.md``).
+    """
+    stage_list = [_check_stage(i, stage) for i, stage in enumerate(stages)]
+    core = OrchestratorCore(
+        len(stage_list),
+        final_stage_ids,
+        forward_fn=forward_fn,
+        prewarm_fn=prewarm_fn,
+        stage_idle_timeout=stage_idle_timeout,
+    )
+    check_max_in_flight(max_in_flight)
+    orchestrator = AsyncioOrchestrator(
+        core, stage_list, max_in_flight=max_in_flight, shutdown_grace=shutdown_grace
+    )
+    with unwrap_single_exception():
+        async with TaskGroup() as group:
+            orchestrator._start(group)
+            try:
+                yield orchestrator
+            finally:
+                try:
+                    async with timeout(shutdown_grace):
+                        await orchestrator._shutdown()
+                except _TIMEOUTS:
+                    logger.warning(
+                        "shutdown: stages did not take their aborts within %s s", shutdown_grace
+                    )
+                finally:
+                    orchestrator._stop_tasks()

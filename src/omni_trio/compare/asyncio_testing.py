@@ -1,0 +1,161 @@
+"""Test tools for the asyncio twin, mirroring :mod:`omni_trio.testing`.
+
+asyncio has no ``wait_all_tasks_blocked`` and no mock clock; this module provides
+the two pieces the shared test suite and the comparison scenarios need:
+:func:`wait_all_tasks_blocked` (the loop has nothing ready to run but us) and
+:class:`VirtualTimeEventLoop` (time jumps to the next timer whenever the loop would
+sleep, like ``trio.testing.MockClock(autojump_threshold=0)``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import selectors
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+from .._messages import OrchOutput, StageOutput
+from .asyncio_orchestrator import END_OF_OUTPUTS, AsyncioOrchestrator
+
+__all__ = [
+    "AsyncioScriptedStage",
+    "VirtualTimeEventLoop",
+    "collect_outputs",
+    "run_with_virtual_time",
+    "wait_all_tasks_blocked",
+]
+
+T = TypeVar("T")
+
+
+class AsyncioScriptedStage:
+    """The asyncio twin of :class:`omni_trio.testing.ScriptedStage`."""
+
+    def __init__(
+        self,
+        *,
+        on_submit: Callable[[str, Any], Awaitable[None]] | None = None,
+        on_abort: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        self.submissions: list[tuple[str, Any]] = []
+        self.aborts: list[str] = []
+        self._on_submit = on_submit
+        self._on_abort = on_abort
+        self.outputs: asyncio.Queue[StageOutput] = asyncio.Queue()
+
+    async def submit(self, request_id: str, inputs: Any) -> None:
+        self.submissions.append((request_id, inputs))
+        if self._on_submit is not None:
+            await self._on_submit(request_id, inputs)
+        await asyncio.sleep(0)
+
+    async def abort(self, request_id: str) -> None:
+        self.aborts.append(request_id)
+        if self._on_abort is not None:
+            await self._on_abort(request_id)
+        await asyncio.sleep(0)
+
+    async def emit(
+        self, request_id: str, data: Any = None, finished: bool = False, error: str | None = None
+    ) -> None:
+        self.emit_nowait(request_id, data, finished, error)
+        await asyncio.sleep(0)
+
+    def emit_nowait(
+        self, request_id: str, data: Any = None, finished: bool = False, error: str | None = None
+    ) -> None:
+        self.outputs.put_nowait(StageOutput(request_id, data, finished, error))
+
+    def submitted_ids(self) -> list[str]:
+        return [request_id for request_id, _ in self.submissions]
+
+    def close(self) -> None:
+        """End :attr:`outputs`, as a stage whose engine went away would."""
+        self.outputs.put_nowait(END_OF_OUTPUTS)
+
+
+async def wait_all_tasks_blocked() -> None:
+    """Return once every other task is waiting (the loop has nothing else ready).
+
+    asyncio offers no public way to ask; this peeks at the loop's ready queue
+    (``loop._ready``), and on loops without one (uvloop) yields a fixed number of
+    times, which is enough for the shallow task chains of the orchestrator.
+    """
+    loop = asyncio.get_running_loop()
+    ready = getattr(loop, "_ready", None)
+    quiet = 0
+    for _ in range(100_000):
+        await asyncio.sleep(0)
+        if ready is None:
+            quiet += 1
+        else:
+            quiet = quiet + 1 if not ready else 0
+        if quiet >= 3:  # nothing became ready across three turns of the loop
+            return
+    raise RuntimeError("the event loop never went idle")
+
+
+async def collect_outputs(orchestrator: AsyncioOrchestrator) -> list[OrchOutput]:
+    """Let every task run until blocked, then take every output that is ready."""
+    await wait_all_tasks_blocked()
+    outputs = []
+    queue = orchestrator._results
+    while not queue.empty():
+        output = queue.get_nowait()
+        if output is END_OF_OUTPUTS:
+            queue.put_nowait(END_OF_OUTPUTS)
+            break
+        outputs.append(output)
+    return outputs
+
+
+class _VirtualClock:
+    now = 0.0
+
+
+class _VirtualTimeSelector(selectors.DefaultSelector):
+    """Never sleeps: when the loop would wait ``timeout`` s for I/O, time jumps instead."""
+
+    def __init__(self, clock: _VirtualClock) -> None:
+        super().__init__()
+        self._clock = clock
+
+    def select(self, timeout: float | None = None) -> list[tuple[Any, int]]:
+        events: list[tuple[Any, int]] = super().select(0)
+        if events or timeout == 0:
+            return events
+        if timeout is None:  # no timer at all: only real I/O can wake us
+            result: list[tuple[Any, int]] = super().select(None)
+            return result
+        self._clock.now += timeout
+        return []
+
+
+class VirtualTimeEventLoop(asyncio.SelectorEventLoop):
+    """An event loop whose ``time()`` only moves when everything waits for a timer."""
+
+    def __init__(self) -> None:
+        self._virtual_clock = _VirtualClock()
+        super().__init__(_VirtualTimeSelector(self._virtual_clock))
+
+    def time(self) -> float:
+        return self._virtual_clock.now
+
+
+def run_with_virtual_time(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """``asyncio.run(main())`` on a :class:`VirtualTimeEventLoop` (any Python >= 3.10)."""
+    loop = VirtualTimeEventLoop()
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(main())
+    finally:
+        try:
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
