@@ -23,12 +23,10 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-import trio.testing
 from hypothesis import strategies as st
 
 from omni_trio import OrchOutput, StageOutput
 from omni_trio._core import OrchestratorCore, Submit
-from omni_trio.testing import ScriptedStage, collect_outputs
 
 
 @attrs.frozen
@@ -98,10 +96,11 @@ class CoreHarness:
         return (c.in_flight, c.admitted, c.completed, c.aborted, c.errored, c.dropped_outputs)
 
 
-class TrioHarness:
-    """Drives a running Trio orchestrator over ScriptedStages."""
+class OrchestratorHarness:
+    """Drives a running orchestrator (Trio or its asyncio twin) over scripted stages."""
 
-    def __init__(self, orch: Any, stages: list[ScriptedStage]) -> None:
+    def __init__(self, fw: Any, orch: Any, stages: list[Any]) -> None:
+        self.fw = fw
         self.orch = orch
         self.stages = stages
 
@@ -113,14 +112,13 @@ class TrioHarness:
 
     def emit(self, k: int, output: StageOutput) -> None:
         # No checkpoint: everything emitted before a settle point is read in batches.
-        self.stages[k]._send.send_nowait(output)
+        self.stages[k].emit_nowait(output.request_id, output.data, output.finished, output.error)
 
     async def abort(self, rid: str) -> None:
         await self.orch.abort(rid)
 
     async def settle(self) -> list[OrchOutput]:
-        await trio.testing.wait_all_tasks_blocked()
-        return await collect_outputs(self.orch)
+        return await self.fw.collect_outputs(self.orch)  # type: ignore[no-any-return]
 
     def stats(self) -> tuple[int, int, int, int, int, int]:
         s = self.orch.statistics()
@@ -131,7 +129,7 @@ STEP_KINDS = ["emit"] * 8 + ["settle"] * 3 + ["junk", "error", "abort"]
 
 
 async def run_scenario(
-    harness: CoreHarness | TrioHarness,
+    harness: CoreHarness | OrchestratorHarness,
     pipeline: Pipeline,
     script: dict[str, dict[int, list[StageOutput]]],
     draw: Callable[[st.SearchStrategy[Any]], Any],

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from interleavings import CoreHarness, TrioHarness, pipelines, run_scenario, scripts
-from omni_trio import open_orchestrator
-from omni_trio.testing import ScriptedStage
+from frameworks import FRAMEWORKS
+from interleavings import CoreHarness, OrchestratorHarness, pipelines, run_scenario, scripts
 
 
 def run_without_loop(coro):
@@ -27,10 +27,16 @@ def test_core_under_any_interleaving(data):
     run_without_loop(run_scenario(CoreHarness(pipeline), pipeline, script, data.draw))
 
 
+@pytest.mark.parametrize("fw", FRAMEWORKS, ids=lambda fw: fw.name)
 @given(st.data())
-async def test_orchestrator_under_any_interleaving(data):
+def test_orchestrator_under_any_interleaving(fw, data):
     pipeline = data.draw(pipelines())
     script = data.draw(scripts(pipeline))
-    stages = [ScriptedStage() for _ in range(pipeline.num_stages)]
-    async with open_orchestrator(stages, pipeline.finals, **pipeline.functions()) as orch:
-        await run_scenario(TrioHarness(orch, stages), pipeline, script, data.draw)
+
+    async def scenario():
+        stages = [fw.ScriptedStage() for _ in range(pipeline.num_stages)]
+        async with fw.open_orchestrator(stages, pipeline.finals, **pipeline.functions()) as orch:
+            harness = OrchestratorHarness(fw, orch, stages)
+            await run_scenario(harness, pipeline, script, data.draw)
+
+    fw.run(scenario)
