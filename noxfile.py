@@ -1,4 +1,5 @@
-"""Tasks: ``nox`` runs tests on every supported Python, lint, typecheck and docs.
+"""Tasks: ``nox`` runs the tests and the asyncio/Trio comparison on every supported
+Python, then lint, typecheck and docs.
 
 ``nox -s demo`` runs the main job. Sessions use uv when it is installed.
 """
@@ -15,7 +16,7 @@ PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 LINTED = ["src", "tests", "examples", "docs/conf.py", "noxfile.py"]
 
 nox.options.default_venv_backend = "uv|virtualenv"
-nox.options.sessions = ["tests", "lint", "typecheck", "docs"]
+nox.options.sessions = ["tests", "compare", "lint", "typecheck", "docs"]
 nox.options.error_on_external_run = True
 
 
@@ -50,6 +51,13 @@ def tests(session: nox.Session) -> None:
     """The whole test suite."""
     session.install("-e", ".[test]")
     session.run("pytest", *session.posargs)
+
+
+@nox.session(python=PYTHONS)
+def compare(session: nox.Session) -> None:
+    """``omni-trio compare`` on every Python: fails if an outcome is not the documented one."""
+    session.install(".")
+    session.run("omni-trio", "compare")
 
 
 @nox.session(python="3.12")

@@ -20,9 +20,13 @@ class Stage(Protocol):
     method is ever called concurrently with itself or the other for the same stage.
     """
 
-    outputs: trio.abc.ReceiveChannel[StageOutput]
-    """Where the stage reports outputs for all of its requests. If it ends, the stage
-    is considered dead."""
+    @property
+    def outputs(self) -> trio.abc.ReceiveChannel[StageOutput]:
+        """Where the stage reports outputs for all of its requests. If it ends, or
+        reading it raises, the stage is dead.
+
+        A plain attribute is fine; a ``trio.MemoryReceiveChannel`` is read in batches.
+        """
 
     async def submit(self, request_id: str, inputs: Any) -> None:
         """Start work on a request. Raising fails that request only."""

@@ -83,7 +83,8 @@ class AsyncioStage(Protocol):
     it) or any async iterator of them (its end ends the stage).
     """
 
-    outputs: asyncio.Queue[StageOutput] | AsyncIterator[StageOutput]
+    @property
+    def outputs(self) -> asyncio.Queue[StageOutput] | AsyncIterator[StageOutput]: ...
 
     async def submit(self, request_id: str, inputs: Any) -> None: ...
 

@@ -1,0 +1,34 @@
+"""The omni-trio command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from omni_trio._cli import main
+
+
+def test_compare_json(capsys):
+    assert main(["compare", "--json", "-k", "put"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["versions"]["trio"]
+    [row] = report["scenarios"]
+    assert row["key"] == "cancelled-put"
+    assert row["asyncio"]["verdict"] == row["trio"]["verdict"] == "item left out"
+    assert row["same"] and row["as_documented"]
+
+
+def test_compare_table(capsys):
+    assert main(["compare", "-k", "shield"]) == 0
+    out = capsys.readouterr().out
+    assert "orphaned" in out
+    assert "waited" in out
+    assert "different" in out
+
+
+def test_a_command_is_required(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([])
+    assert exit_info.value.code == 2
+    assert "COMMAND" in capsys.readouterr().err
