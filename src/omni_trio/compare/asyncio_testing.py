@@ -141,6 +141,10 @@ class VirtualTimeEventLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self._virtual_clock.now
 
+    def block(self, seconds: float) -> None:
+        """Pretend the running callback blocked the loop for ``seconds`` (a slow step)."""
+        self._virtual_clock.now += seconds
+
 
 def run_with_virtual_time(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """``asyncio.run(main())`` on a :class:`VirtualTimeEventLoop` (any Python >= 3.10)."""

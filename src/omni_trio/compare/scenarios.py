@@ -517,12 +517,19 @@ async def fire_and_forget_trio() -> Outcome:
 # -- 9. a timed-out receive racing a delivered item --------------------------------------
 
 
-async def _asyncio_race(item_first: bool, ack: bool) -> str:
-    """One ``wait_for(get(), timeout)`` whose deadline coincides with the item's arrival.
+_WINDOWS = {
+    "same-iteration": "when the item and the deadline are due in one loop iteration",
+    "late-loop": "when the loop runs late past the deadline after the item arrived",
+}
 
-    Both the put and the timeout are due in the same loop iteration; ``item_first``
-    decides which callback runs first. With ``ack``, the consumer's get awaits once
-    more after taking the item (as a wrapper or a janus-style queue does).
+
+async def _asyncio_race(window: str, ack: bool) -> str:
+    """One ``wait_for(get(), 1 ms)`` whose deadline races the item's arrival.
+
+    ``same-iteration``: the put and the timeout are due in the same loop iteration,
+    put first. ``late-loop``: the put's callback then blocks the loop past the
+    deadline, so the consumer's wakeup is queued before the timer. With ``ack``, the
+    get awaits once more after taking the item (a wrapper, a janus-style queue...).
     """
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[str] = asyncio.Queue()
@@ -534,41 +541,50 @@ async def _asyncio_race(item_first: bool, ack: bool) -> str:
             await asyncio.sleep(0)  # e.g. acknowledge, or update a counter
         return item
 
-    if item_first:
-        loop.call_at(deadline, queue.put_nowait, "chunk")
-    task = asyncio.ensure_future(asyncio.wait_for(get(), 0.001))
-    await asyncio.sleep(0)  # wait_for arms its timer now
-    if not item_first:
-        loop.call_at(deadline, queue.put_nowait, "chunk")
+    def put() -> None:
+        queue.put_nowait("chunk")
+        if window == "late-loop":
+            loop.block(0.0002)  # type: ignore[attr-defined]
+
+    loop.call_at(deadline - (0.0001 if window == "late-loop" else 0.0), put)
     try:
-        await task
+        await asyncio.wait_for(get(), 0.001)
     except (TimeoutError, asyncio.TimeoutError):
         return "kept" if queue.qsize() == 1 else "lost"
     return "kept"  # received
 
 
-@_scenario("timed-receive", "A timed-out receive racing a delivered item")
-async def timed_receive_asyncio() -> Outcome:
-    plain = {await _asyncio_race(first, ack=False) for first in (True, False)}
-    wrapped = {await _asyncio_race(first, ack=True) for first in (True, False)}
-    return _race_outcome(plain, wrapped, "get()", "get()+await")
+async def _race_losses(race: Callable[[str, bool], Awaitable[str]], ack: bool) -> list[str]:
+    return [window for window in _WINDOWS if await race(window, ack) == "lost"]
 
 
-def _race_outcome(plain: set[str], wrapped: set[str], receive: str, then: str) -> Outcome:
-    first = "kept" if plain == {"kept"} else "lost"
-    second = "lost" if "lost" in wrapped else "kept"
-    if first == second:
-        verdict = f"{first} by {receive} and by {then}"
-    else:
-        verdict = f"{first} by {receive}; {second} by {then}"
+def _race_outcome(plain: list[str], wrapped: list[str], receive: str, then: str) -> Outcome:
+    def loses(windows: list[str]) -> str:
+        return "loses it " + " and ".join(_WINDOWS[w] for w in windows) if windows else "keeps it"
+
+    verdict = f"{receive} {loses(plain)}; {then} {loses(wrapped)}"
     return Outcome(
-        verdict,
-        f"item due exactly at the deadline, in both orders: a bare {receive} never "
-        f"consumes it ({first}); one that awaits again after taking it: {second}",
+        verdict.replace(_WINDOWS["same-iteration"], "in one iteration").replace(
+            _WINDOWS["late-loop"], "if the loop is late"
+        ),
+        f"a bare {receive} {loses(plain)}; a {then} that awaits again after taking the "
+        f"item {loses(wrapped)}",
     )
 
 
-async def _trio_race(item_first: bool, ack: bool) -> str:
+@_scenario("timed-receive", "A timed-out receive racing a delivered item")
+async def timed_receive_asyncio() -> Outcome:
+    plain = await _race_losses(_asyncio_race, ack=False)
+    wrapped = await _race_losses(_asyncio_race, ack=True)
+    return _race_outcome(plain, wrapped, "get()", "get()+await")
+
+
+async def _trio_race(ack: bool) -> str:
+    """The Trio analogue: the item and the cancellation reach the consumer together.
+
+    Trio has no loop iterations to be late in: the race is "the item was handed to
+    the parked receiver, then its scope was cancelled, before it ran".
+    """
     send, receive = trio.open_memory_channel[str](1)
     got: list[str] = []
 
@@ -583,12 +599,8 @@ async def _trio_race(item_first: bool, ack: bool) -> str:
     async with trio.open_nursery() as nursery:
         scope = await nursery.start(consumer)
         await trio.testing.wait_all_tasks_blocked()
-        if item_first:  # in one scheduling batch, no checkpoint in between
-            send.send_nowait("chunk")
-            scope.cancel()
-        else:
-            scope.cancel()
-            send.send_nowait("chunk")
+        send.send_nowait("chunk")  # hands the item to the parked receiver...
+        scope.cancel()  # ...and cancels it before it runs: no checkpoint in between
     left = []
     while True:
         try:
@@ -600,9 +612,16 @@ async def _trio_race(item_first: bool, ack: bool) -> str:
 
 @_scenario("timed-receive", "A timed-out receive racing a delivered item")
 async def timed_receive_trio() -> Outcome:
-    plain = {await _trio_race(first, ack=False) for first in (True, False)}
-    wrapped = {await _trio_race(first, ack=True) for first in (True, False)}
-    return _race_outcome(plain, wrapped, "receive()", "receive()+checkpoint")
+    plain = await _trio_race(ack=False)
+    wrapped = await _trio_race(ack=True)
+    wrapped_text = "loses it once handed over" if wrapped == "lost" else "keeps it"
+    return Outcome(
+        f"receive() {'keeps' if plain == 'kept' else 'loses'} it; "
+        f"receive()+checkpoint {wrapped_text}",
+        "a cancelled receive() never takes the item: once handed over it is returned and "
+        "the Cancelled comes at the next checkpoint, so a consumer that awaits again "
+        f"before using the item {wrapped_text}",
+    )
 
 
 # -- 10. the consumer leaves a request's stream early -------------------------------------
@@ -671,10 +690,10 @@ EXPECTED: dict[str, tuple[list[tuple[tuple[int, int], str]], str]] = {
     "fire-and-forget": ([((3, 10), "silently cancelled")], "work completed"),
     "timed-receive": (
         [
-            ((3, 12), "kept by get() and by get()+await"),
-            ((3, 10), "kept by get(); lost by get()+await"),
+            ((3, 12), "get() keeps it; get()+await loses it if the loop is late"),
+            ((3, 10), "get() keeps it; get()+await loses it in one iteration"),
         ],
-        "kept by receive(); lost by receive()+checkpoint",
+        "receive() keeps it; receive()+checkpoint loses it once handed over",
     ),
     "consumer-leaves": ([((3, 10), "abort reaches every stage")], "abort reaches every stage"),
 }
