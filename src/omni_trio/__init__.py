@@ -1,7 +1,8 @@
 """omni_trio: a Trio control plane for multi-stage streaming model pipelines."""
 
+from ._dispatch import OrchestratorStatistics
 from ._messages import FinishReason, OrchOutput, RequestMetrics, StageOutput
-from ._orchestrator import Orchestrator, OrchestratorStatistics, open_orchestrator
+from ._orchestrator import Orchestrator, open_orchestrator
 from ._stage import Stage
 from ._stream import RequestStream
 

@@ -23,19 +23,30 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-import attrs
 import trio
 from trio_util import AsyncValue
 
 from ._core import (
     Command,
     ForwardFn,
-    Mode,
     OrchestratorCore,
     PrewarmFn,
     Submit,
     check_request_id,
     describe,
+)
+from ._dispatch import (
+    Abort,
+    Admit,
+    CoreView,
+    Dispatcher,
+    Drain,
+    Message,
+    OrchestratorStatistics,
+    Outputs,
+    Shutdown,
+    StageDied,
+    SubmitFailed,
 )
 from ._errors import unwrap_single_exception
 from ._messages import OrchOutput, StageOutput
@@ -55,117 +66,6 @@ _INBOX_SIZE = 64
 #: Upper bound on what one task takes from a channel before handing it on, so that one
 #: busy producer cannot hold the others off for long.
 _MAX_BATCH = 512
-
-
-@attrs.frozen
-class OrchestratorStatistics:
-    """A snapshot of an orchestrator, from :meth:`Orchestrator.statistics`.
-
-    Attributes:
-      mode: ``"forward"`` or ``"async_chunk"``.
-      in_flight: Requests admitted and not yet ended.
-      pending_final: In-flight requests whose terminal is held for a straggling stage.
-      admitted: Requests admitted so far.
-      completed: Requests that ended with a ``"completed"`` terminal.
-      aborted: Requests that ended with an ``"aborted"`` terminal.
-      errored: Requests that ended with an ``"error"`` terminal.
-      dropped_outputs: Stage outputs dropped so far (late, unknown, or malformed).
-      stages_alive: Per stage, ``False`` once it died (its outputs channel ended or
-          reading it failed).
-      streams_open: In-flight requests read through :meth:`Orchestrator.open_request`.
-      outputs_ready: Outputs waiting to be taken with :meth:`Orchestrator.next_output`.
-      commands_queued: Per stage, submits and aborts decided but not yet delivered.
-      admissions_waiting: Callers waiting for ``max_in_flight`` room or a drain.
-    """
-
-    mode: Mode
-    in_flight: int
-    pending_final: int
-    admitted: int
-    completed: int
-    aborted: int
-    errored: int
-    dropped_outputs: int
-    stages_alive: tuple[bool, ...]
-    streams_open: int
-    outputs_ready: int
-    commands_queued: tuple[int, ...]
-    admissions_waiting: int
-
-
-# -- messages to the handler ---------------------------------------------------------
-
-
-class _Outputs:
-    """A batch of outputs from one stage."""
-
-    __slots__ = ("outputs", "stage_id")
-
-    def __init__(self, stage_id: int, outputs: list[StageOutput]) -> None:
-        self.stage_id = stage_id
-        self.outputs = outputs
-
-
-class _SubmitFailed:
-    __slots__ = ("command", "error")
-
-    def __init__(self, command: Submit, error: Exception) -> None:
-        self.command = command
-        self.error = error
-
-
-class _StageDied:
-    __slots__ = ("reason", "stage_id")
-
-    def __init__(self, stage_id: int, reason: str) -> None:
-        self.stage_id = stage_id
-        self.reason = reason
-
-
-class _Call:
-    """A caller's request to the handler, answered through ``done``."""
-
-    __slots__ = ("done", "error")
-
-    def __init__(self) -> None:
-        self.done = trio.Event()
-        self.error: BaseException | None = None
-
-    def reply(self, error: BaseException | None = None) -> None:
-        self.error = error
-        self.done.set()
-
-
-class _Admit:
-    __slots__ = ("finals", "prompt", "request_id", "stream")
-
-    def __init__(
-        self, request_id: str, prompt: Any, finals: frozenset[int], stream: RequestStream | None
-    ) -> None:
-        self.request_id = request_id
-        self.prompt = prompt
-        self.finals = finals
-        self.stream = stream
-
-
-class _Abort:
-    __slots__ = ("request_id",)
-
-    def __init__(self, request_id: str) -> None:
-        self.request_id = request_id
-
-
-class _Drain(_Call):
-    """Answered once no request is in flight."""
-
-    __slots__ = ()
-
-
-class _Shutdown(_Call):
-    __slots__ = ()
-
-
-_Message = _Outputs | _Admit | _Abort | _SubmitFailed | _StageDied | _Call
 
 
 async def _receive_batch(channel: trio.MemoryReceiveChannel[T]) -> list[T]:
@@ -193,7 +93,7 @@ def check_max_in_flight(max_in_flight: object) -> None:
         raise ValueError(f"max_in_flight must be a positive int or None, got {max_in_flight!r}")
 
 
-class Orchestrator:
+class Orchestrator(CoreView):
     """A running orchestrator; get one from :func:`open_orchestrator`."""
 
     def __init__(
@@ -208,44 +108,26 @@ class Orchestrator:
         self._stages = tuple(stages)
         self._shutdown_grace = shutdown_grace
         self._closed = False  # no more admissions (set when the block exits)
-        self._accepting = True  # the handler's view: False once it shut down
-        self._admitting: set[str] = set()  # ids on their way to the handler
-        self._inbox_send, self._inbox = trio.open_memory_channel[_Message](_INBOX_SIZE)
+        self._inbox_send, self._inbox = trio.open_memory_channel[Message](_INBOX_SIZE)
         self._results_send, self._results = trio.open_memory_channel[OrchOutput](math.inf)
         self._command_channels = [trio.open_memory_channel[Command](math.inf) for _ in self._stages]
-        self._undelivered = [0] * len(self._stages)  # per stage: decided, not yet delivered
-        self._streams: dict[str, RequestStream] = {}  # the handler's routing table
         self._admission = None if max_in_flight is None else trio.Semaphore(max_in_flight)
+        self._dispatch = Dispatcher(
+            core,
+            send_command=self._queue_command,
+            send_result=self._results_send.send_nowait,
+            release_slot=None if self._admission is None else self._admission.release,
+        )
         self._draining = AsyncValue(0)  # drain() calls in progress
-        self._drains: list[_Drain] = []  # the handler's: answered when nothing is in flight
         self._admissions_waiting = 0
         self._shielded = trio.CancelScope(shield=True)
         self._deliveries_left = len(self._stages)
         self._deliveries_done = trio.Event()
 
+    def _queue_command(self, command: Command) -> None:
+        self._command_channels[command.stage_id][0].send_nowait(command)
+
     # -- public API ------------------------------------------------------------------
-
-    @property
-    def mode(self) -> Mode:
-        """``"forward"`` or ``"async_chunk"``."""
-        return self._core.mode
-
-    @property
-    def final_stage_ids(self) -> frozenset[int]:
-        """The pipeline's user-facing stages."""
-        return self._core.final_stage_ids
-
-    @property
-    def last_stage(self) -> int:
-        """``max(final_stage_ids)``; later stages are never submitted."""
-        return self._core.last_stage
-
-    @property
-    def dropped_outputs(self) -> int:
-        """Stage outputs dropped so far: for unknown or already-ended requests, from a
-        stage not submitted for the request or that already finished it, or not a
-        :class:`StageOutput` at all."""
-        return self._core.dropped_outputs
 
     async def add_request(
         self, request_id: str, prompt: Any, *, final_stage_ids: Iterable[int] | None = None
@@ -338,7 +220,7 @@ class Orchestrator:
             await trio.lowlevel.checkpoint()
             return
         with contextlib.suppress(trio.BrokenResourceError):  # shut down meanwhile:
-            await self._inbox_send.send(_Abort(request_id))  # every request was aborted
+            await self._inbox_send.send(Abort(request_id))  # every request was aborted
 
     async def drain(self) -> None:
         """Wait until no request is in flight.
@@ -351,31 +233,19 @@ class Orchestrator:
         """
         self._draining.value += 1
         try:
-            call = _Drain()
+            done = trio.Event()
             try:
-                await self._inbox_send.send(call)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                await self._inbox_send.send(Drain(done.set))
+            except trio.BrokenResourceError:
                 return  # shut down: nothing is in flight any more
-            await call.done.wait()
+            await done.wait()
         finally:
             self._draining.value -= 1
 
     def statistics(self) -> OrchestratorStatistics:
         """Return a snapshot of counters and queue lengths."""
-        core = self._core
-        return OrchestratorStatistics(
-            mode=core.mode,
-            in_flight=core.in_flight,
-            pending_final=core.pending_final,
-            admitted=core.admitted,
-            completed=core.completed,
-            aborted=core.aborted,
-            errored=core.errored,
-            dropped_outputs=core.dropped_outputs,
-            stages_alive=tuple(death is None for death in core.stage_deaths),
-            streams_open=len(self._streams),
+        return self._dispatch.statistics(
             outputs_ready=self._results.statistics().current_buffer_used,
-            commands_queued=tuple(self._undelivered),
             admissions_waiting=self._admissions_waiting,
         )
 
@@ -393,13 +263,9 @@ class Orchestrator:
         Cancelled before the send: nothing happened. After it, the request is admitted
         and will get a terminal, even if the orchestrator shuts down meanwhile.
         """
-        finals = self._core.request_finals(final_stage_ids)  # pure: validate here
         if self._closed:
             raise _closed_error()
-        if request_id in self._admitting:
-            raise ValueError(f"request id {request_id!r} is already in flight")
-        self._core.check_new_id(request_id)
-        self._admitting.add(request_id)  # from here on, the same id is refused at once
+        finals = self._dispatch.reserve(request_id, final_stage_ids)  # the id is now taken
         acquired = False
         try:
             self._admissions_waiting += 1
@@ -411,14 +277,14 @@ class Orchestrator:
                     acquired = True
             finally:
                 self._admissions_waiting -= 1
-            await self._send_admission(_Admit(request_id, prompt, finals, stream))
+            await self._send_admission(Admit(request_id, prompt, finals, stream))
         except BaseException:
-            self._admitting.discard(request_id)
+            self._dispatch.admitting.discard(request_id)
             if acquired:
                 self._admission.release()  # type: ignore[union-attr]
             raise
 
-    async def _send_admission(self, admit: _Admit) -> None:
+    async def _send_admission(self, admit: Admit) -> None:
         if self._closed:  # it may have closed while we waited
             raise _closed_error()
         try:
@@ -458,6 +324,7 @@ class Orchestrator:
     async def _handle(self) -> None:
         """The only task that touches the core."""
         core = self._core
+        dispatch = self._dispatch
         try:
             while True:
                 deadline = core.next_deadline()
@@ -469,95 +336,25 @@ class Orchestrator:
                         batch = await _receive_batch(self._inbox)
                 core.now = trio.current_time()
                 for message in batch:
-                    self._apply(message)
+                    dispatch.apply(message)
+                    if type(message) is Shutdown:
+                        for send, _ in self._command_channels:
+                            send.close()  # deliveries end once the aborts are out
                 core.expire()
-                self._flush()
+                dispatch.flush()
         finally:
             self._close_inbox()
 
-    def _apply(self, message: _Message) -> None:
-        core = self._core
-        if type(message) is _Outputs:
-            receive_output = core.receive_output
-            stage_id = message.stage_id
-            for output in message.outputs:
-                receive_output(stage_id, output)
-        elif type(message) is _Admit:
-            self._admit_now(message)
-        elif type(message) is _Abort:
-            core.abort(message.request_id)
-        elif type(message) is _SubmitFailed:
-            core.submit_failed(message.command, message.error)
-        elif type(message) is _StageDied:
-            core.stage_died(message.stage_id, message.reason)
-        elif type(message) is _Drain:
-            self._drains.append(message)
-        elif type(message) is _Shutdown:
-            core.abort_all()
-            self._flush()
-            self._accepting = False
-            for send, _ in self._command_channels:
-                send.close()
-            message.reply()
-        else:  # pragma: no cover
-            raise AssertionError(f"unexpected message {message!r}")
-
-    def _admit_now(self, message: _Admit) -> None:
-        rid = message.request_id
-        self._admitting.discard(rid)
-        self._core.add_request(rid, message.prompt, message.finals)
-        if message.stream is not None:  # before the flush: no output was routed yet
-            self._streams[rid] = message.stream
-        if not self._accepting:  # queued before the shutdown, arrived after it
-            self._core.abort(rid)
-
-    def _flush(self) -> None:
-        """Hand what the core decided to the stages, the streams and the user."""
-        core = self._core
-        commands = core.take_commands()
-        if self._accepting:  # after the shutdown's aborts went out, stages get nothing
-            undelivered = self._undelivered
-            for command in commands:
-                self._command_channels[command.stage_id][0].send_nowait(command)
-                undelivered[command.stage_id] += 1
-        streams = self._streams
-        for output in core.take_outputs():
-            stream = streams.get(output.request_id) if streams else None
-            if stream is None:
-                self._results_send.send_nowait(output)
-            else:
-                stream._put(output)
-            if output.finished:
-                if stream is not None:
-                    del streams[output.request_id]
-                if self._admission is not None:
-                    self._admission.release()
-        if self._drains and not core.in_flight:
-            for drain in self._drains:
-                drain.reply()
-            self._drains.clear()
-
     def _close_inbox(self) -> None:
-        """The handler is ending: settle every message still queued, then close.
-
-        Admissions that were queued end with an ``"aborted"`` terminal (their callers
-        were told they were admitted); calls are answered.
-        """
-        self._accepting = False
+        """The handler is ending: settle what is queued, then close the channels."""
+        leftovers = []
         while True:
             try:
-                message = self._inbox.receive_nowait()
+                leftovers.append(self._inbox.receive_nowait())
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 break
-            if type(message) is _Admit:
-                self._admit_now(message)
-            elif isinstance(message, _Call):
-                message.reply(_closed_error())
-        self._core.abort_all()
-        self._flush()
-        for drain in self._drains:
-            drain.reply()
         self._inbox.close()
+        self._dispatch.settle(leftovers)
         self._results_send.close()
 
     async def _read_stage(
@@ -583,11 +380,11 @@ class Orchestrator:
                 reason = f"reading its outputs raised {describe(exc)}"
                 break
             try:
-                await self._inbox_send.send(_Outputs(stage_id, batch))
+                await self._inbox_send.send(Outputs(stage_id, batch))
             except trio.BrokenResourceError:
                 return  # the handler is gone: we are shutting down
         logger.warning("stage %d is dead: %s", stage_id, reason)
-        await self._report(_StageDied(stage_id, reason))
+        await self._report(StageDied(stage_id, reason))
 
     async def _deliver(
         self, stage_id: int, stage: Stage, commands: trio.MemoryReceiveChannel[Command]
@@ -605,7 +402,7 @@ class Orchestrator:
                     return  # shutdown: everything queued was delivered
                 for command in batch:
                     await self._deliver_one(stage_id, stage, command)
-                    self._undelivered[stage_id] -= 1
+                    self._dispatch.undelivered[stage_id] -= 1
         finally:
             self._deliveries_left -= 1
             if not self._deliveries_left:
@@ -613,7 +410,7 @@ class Orchestrator:
 
     async def _deliver_one(self, stage_id: int, stage: Stage, command: Command) -> None:
         if type(command) is Submit:
-            if not self._accepting:
+            if not self._dispatch.accepting:
                 return  # shutting down: the request is being aborted
             try:
                 await stage.submit(command.request_id, command.inputs)
@@ -621,7 +418,7 @@ class Orchestrator:
                 logger.debug(
                     "stage %d: submit(%r) raised", stage_id, command.request_id, exc_info=True
                 )
-                await self._report(_SubmitFailed(command, exc))
+                await self._report(SubmitFailed(command, exc))
         else:
             try:
                 await stage.abort(command.request_id)
@@ -630,33 +427,19 @@ class Orchestrator:
                     "stage %d: abort(%r) raised", stage_id, command.request_id, exc_info=True
                 )
 
-    async def _report(self, message: _Message) -> None:
+    async def _report(self, message: Message) -> None:
         with contextlib.suppress(trio.BrokenResourceError):  # shutting down: the request
             await self._inbox_send.send(message)  # is being aborted anyway
-
-    async def _call(self, call: _Call) -> None:
-        """Send ``call`` to the handler and wait for its answer.
-
-        Once sent, the call will be carried out, so the wait for the answer is
-        shielded (the handler answers without blocking): if the caller is cancelled
-        before then, the call was not sent and had no effect.
-        """
-        try:
-            await self._inbox_send.send(call)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            raise _closed_error() from None
-        with trio.CancelScope(shield=True):
-            await call.done.wait()
-        if call.error is not None:
-            raise call.error
 
     async def _shutdown(self) -> None:
         """Stop admitting, abort every request, deliver the aborts to the stages."""
         self._closed = True
+        done = trio.Event()
         try:
-            await self._call(_Shutdown())
-        except trio.ClosedResourceError:
+            await self._inbox_send.send(Shutdown(done.set))
+        except trio.BrokenResourceError:
             return  # the handler is already gone
+        await done.wait()
         await self._deliveries_done.wait()
 
 

@@ -27,16 +27,28 @@ from typing import Any, Protocol, TypeVar
 from .._core import (
     Command,
     ForwardFn,
-    Mode,
     OrchestratorCore,
     PrewarmFn,
     Submit,
     check_request_id,
     describe,
 )
+from .._dispatch import (
+    Abort,
+    Admit,
+    CoreView,
+    Dispatcher,
+    Drain,
+    Message,
+    OrchestratorStatistics,
+    Outputs,
+    Shutdown,
+    StageDied,
+    SubmitFailed,
+)
 from .._errors import unwrap_single_exception
 from .._messages import OrchOutput, StageOutput
-from .._orchestrator import OrchestratorStatistics, check_max_in_flight
+from .._orchestrator import check_max_in_flight
 
 if sys.version_info >= (3, 11):
     from asyncio import TaskGroup, timeout, timeout_at
@@ -150,82 +162,11 @@ class AsyncioRequestStream:
         except StopAsyncIteration:
             raise EndOfOutputs from None
 
-
-# -- messages to the handler (same meaning as the Trio orchestrator's) --------------
-
-
-class _Outputs:
-    __slots__ = ("outputs", "stage_id")
-
-    def __init__(self, stage_id: int, outputs: list[Any]) -> None:
-        self.stage_id = stage_id
-        self.outputs = outputs
+    def _put(self, output: OrchOutput) -> None:
+        self._queue.put_nowait(output)
 
 
-class _Admit:
-    __slots__ = ("finals", "prompt", "request_id", "stream")
-
-    def __init__(
-        self,
-        request_id: str,
-        prompt: Any,
-        finals: frozenset[int],
-        stream: AsyncioRequestStream | None,
-    ) -> None:
-        self.request_id = request_id
-        self.prompt = prompt
-        self.finals = finals
-        self.stream = stream
-
-
-class _Abort:
-    __slots__ = ("request_id",)
-
-    def __init__(self, request_id: str) -> None:
-        self.request_id = request_id
-
-
-class _SubmitFailed:
-    __slots__ = ("command", "error")
-
-    def __init__(self, command: Submit, error: Exception) -> None:
-        self.command = command
-        self.error = error
-
-
-class _StageDied:
-    __slots__ = ("reason", "stage_id")
-
-    def __init__(self, stage_id: int, reason: str) -> None:
-        self.stage_id = stage_id
-        self.reason = reason
-
-
-class _Call:
-    """Answered through a future."""
-
-    __slots__ = ("done",)
-
-    def __init__(self) -> None:
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def reply(self) -> None:
-        if not self.done.done():
-            self.done.set_result(None)
-
-
-class _Drain(_Call):
-    __slots__ = ()
-
-
-class _Shutdown(_Call):
-    __slots__ = ()
-
-
-_Message = _Outputs | _Admit | _Abort | _SubmitFailed | _StageDied | _Call
-
-
-class AsyncioOrchestrator:
+class AsyncioOrchestrator(CoreView):
     """A running asyncio twin; get one from :func:`open_asyncio_orchestrator`."""
 
     def __init__(
@@ -240,41 +181,26 @@ class AsyncioOrchestrator:
         self._stages = tuple(stages)
         self._shutdown_grace = shutdown_grace
         self._closed = False
-        self._accepting = True
-        self._admitting: set[str] = set()
-        self._inbox: asyncio.Queue[_Message] = asyncio.Queue(_INBOX_SIZE)
+        self._inbox: asyncio.Queue[Message] = asyncio.Queue(_INBOX_SIZE)
         self._results: asyncio.Queue[Any] = asyncio.Queue()
         self._results_closed = False
         self._commands: list[asyncio.Queue[Command | None]] = [
             asyncio.Queue() for _ in self._stages
         ]
-        self._undelivered = [0] * len(self._stages)
-        self._streams: dict[str, AsyncioRequestStream] = {}
         self._admission = None if max_in_flight is None else asyncio.Semaphore(max_in_flight)
+        self._dispatch = Dispatcher(
+            core,
+            send_command=lambda command: self._commands[command.stage_id].put_nowait(command),
+            send_result=self._results.put_nowait,
+            release_slot=None if self._admission is None else self._admission.release,
+        )
         self._draining = 0
         self._drain_over = asyncio.Event()
-        self._drains: list[_Drain] = []
         self._admissions_waiting = 0
         self._deliveries: list[asyncio.Task[None]] = []
         self._background: list[asyncio.Task[None]] = []
 
     # -- public API (mirrors omni_trio.Orchestrator) -------------------------------
-
-    @property
-    def mode(self) -> Mode:
-        return self._core.mode
-
-    @property
-    def final_stage_ids(self) -> frozenset[int]:
-        return self._core.final_stage_ids
-
-    @property
-    def last_stage(self) -> int:
-        return self._core.last_stage
-
-    @property
-    def dropped_outputs(self) -> int:
-        return self._core.dropped_outputs
 
     async def add_request(
         self, request_id: str, prompt: Any, *, final_stage_ids: Iterable[int] | None = None
@@ -301,7 +227,7 @@ class AsyncioOrchestrator:
                 # asyncio cancellation is edge-triggered: this await runs even when the
                 # block is left because the task was cancelled. It can only block while
                 # the inbox is full, which the handler empties promptly.
-                await self._send(_Abort(rid))
+                await self._send(Abort(rid))
 
     async def next_output(self) -> OrchOutput:
         """The next output of a request admitted with :meth:`add_request`.
@@ -321,38 +247,26 @@ class AsyncioOrchestrator:
         if self._closed:
             await asyncio.sleep(0)
             return
-        await self._send(_Abort(request_id))
+        await self._send(Abort(request_id))
 
     async def drain(self) -> None:
         """Wait until no request is in flight; admissions wait meanwhile."""
         self._draining += 1
         self._drain_over.clear()
         try:
-            call = _Drain()
             if self._closed:
                 return
-            await self._send(call)
-            await call.done
+            done = asyncio.Event()
+            await self._send(Drain(done.set))
+            await done.wait()
         finally:
             self._draining -= 1
             if not self._draining:
                 self._drain_over.set()
 
     def statistics(self) -> OrchestratorStatistics:
-        core = self._core
-        return OrchestratorStatistics(
-            mode=core.mode,
-            in_flight=core.in_flight,
-            pending_final=core.pending_final,
-            admitted=core.admitted,
-            completed=core.completed,
-            aborted=core.aborted,
-            errored=core.errored,
-            dropped_outputs=core.dropped_outputs,
-            stages_alive=tuple(death is None for death in core.stage_deaths),
-            streams_open=len(self._streams),
+        return self._dispatch.statistics(
             outputs_ready=self._results.qsize() - self._results_closed,
-            commands_queued=tuple(self._undelivered),
             admissions_waiting=self._admissions_waiting,
         )
 
@@ -365,13 +279,9 @@ class AsyncioOrchestrator:
         final_stage_ids: Iterable[int] | None,
         stream: AsyncioRequestStream | None,
     ) -> None:
-        finals = self._core.request_finals(final_stage_ids)
         if self._closed:
             raise _closed_error()
-        if request_id in self._admitting:
-            raise ValueError(f"request id {request_id!r} is already in flight")
-        self._core.check_new_id(request_id)
-        self._admitting.add(request_id)
+        finals = self._dispatch.reserve(request_id, final_stage_ids)
         acquired = False
         try:
             self._admissions_waiting += 1
@@ -383,20 +293,20 @@ class AsyncioOrchestrator:
                     acquired = True
             finally:
                 self._admissions_waiting -= 1
-            await self._send_admission(_Admit(request_id, prompt, finals, stream))
+            await self._send_admission(Admit(request_id, prompt, finals, stream))
         except BaseException:
-            self._admitting.discard(request_id)
+            self._dispatch.admitting.discard(request_id)
             if acquired:
                 self._admission.release()  # type: ignore[union-attr]
             raise
 
-    async def _send_admission(self, admit: _Admit) -> None:
+    async def _send_admission(self, admit: Admit) -> None:
         if self._closed:  # it may have closed while we waited
             raise _closed_error()
         # The commit point: a put that is cancelled has not enqueued anything.
         await self._inbox.put(admit)
 
-    async def _send(self, message: _Message) -> None:
+    async def _send(self, message: Message) -> None:
         await self._inbox.put(message)
 
     # -- tasks -----------------------------------------------------------------------
@@ -409,11 +319,12 @@ class AsyncioOrchestrator:
 
     async def _handle(self) -> None:
         core = self._core
+        dispatch = self._dispatch
         loop = asyncio.get_running_loop()
         try:
             while True:
                 deadline = core.next_deadline()
-                batch: list[_Message] = []
+                batch: list[Message] = []
                 if deadline is None:
                     batch = await _get_batch(self._inbox)
                 else:
@@ -424,87 +335,23 @@ class AsyncioOrchestrator:
                         pass
                 core.now = loop.time()
                 for message in batch:
-                    self._apply(message)
+                    dispatch.apply(message)
+                    if type(message) is Shutdown:
+                        for queue in self._commands:
+                            queue.put_nowait(None)  # deliveries end once the aborts are out
                 core.expire()
-                self._flush()
+                dispatch.flush()
         finally:
             self._close_inbox()
 
-    def _apply(self, message: _Message) -> None:
-        core = self._core
-        if type(message) is _Outputs:
-            receive_output = core.receive_output
-            stage_id = message.stage_id
-            for output in message.outputs:
-                receive_output(stage_id, output)
-        elif type(message) is _Admit:
-            self._admit_now(message)
-        elif type(message) is _Abort:
-            core.abort(message.request_id)
-        elif type(message) is _SubmitFailed:
-            core.submit_failed(message.command, message.error)
-        elif type(message) is _StageDied:
-            core.stage_died(message.stage_id, message.reason)
-        elif type(message) is _Drain:
-            self._drains.append(message)
-        elif type(message) is _Shutdown:
-            core.abort_all()
-            self._flush()
-            self._accepting = False
-            for queue in self._commands:
-                queue.put_nowait(None)  # the delivery ends after what is queued
-            message.reply()
-        else:  # pragma: no cover
-            raise AssertionError(f"unexpected message {message!r}")
-
-    def _admit_now(self, message: _Admit) -> None:
-        rid = message.request_id
-        self._admitting.discard(rid)
-        self._core.add_request(rid, message.prompt, message.finals)
-        if message.stream is not None:
-            self._streams[rid] = message.stream
-        if not self._accepting:
-            self._core.abort(rid)
-
-    def _flush(self) -> None:
-        core = self._core
-        commands = core.take_commands()
-        if self._accepting:
-            for command in commands:
-                self._commands[command.stage_id].put_nowait(command)
-                self._undelivered[command.stage_id] += 1
-        streams = self._streams
-        for output in core.take_outputs():
-            stream = streams.get(output.request_id) if streams else None
-            if stream is None:
-                self._results.put_nowait(output)
-            else:
-                stream._queue.put_nowait(output)
-            if output.finished:
-                if stream is not None:
-                    del streams[output.request_id]
-                if self._admission is not None:
-                    self._admission.release()
-        if self._drains and not core.in_flight:
-            for drain in self._drains:
-                drain.reply()
-            self._drains.clear()
-
     def _close_inbox(self) -> None:
-        self._accepting = False
+        leftovers = []
         while True:
             try:
-                message = self._inbox.get_nowait()
+                leftovers.append(self._inbox.get_nowait())
             except asyncio.QueueEmpty:
                 break
-            if type(message) is _Admit:
-                self._admit_now(message)
-            elif isinstance(message, _Call):
-                message.reply()
-        self._core.abort_all()
-        self._flush()
-        for drain in self._drains:
-            drain.reply()
+        self._dispatch.settle(leftovers)
         self._results.put_nowait(END_OF_OUTPUTS)
         self._results_closed = True
 
@@ -517,18 +364,18 @@ class AsyncioOrchestrator:
                     if END_OF_OUTPUTS in batch:
                         batch = batch[: batch.index(END_OF_OUTPUTS)]
                         if batch:
-                            await self._send(_Outputs(stage_id, batch))
+                            await self._send(Outputs(stage_id, batch))
                         break
-                    await self._send(_Outputs(stage_id, batch))
+                    await self._send(Outputs(stage_id, batch))
             else:
                 async for output in outputs:
-                    await self._send(_Outputs(stage_id, [output]))
+                    await self._send(Outputs(stage_id, [output]))
         except Exception as exc:
             if type(exc).__name__ != "QueueShutDown":  # 3.13's Queue.shutdown(): an end
                 logger.exception("stage %d: reading its outputs failed", stage_id)
                 reason = f"reading its outputs raised {describe(exc)}"
         logger.warning("stage %d is dead: %s", stage_id, reason)
-        await self._send(_StageDied(stage_id, reason))
+        await self._send(StageDied(stage_id, reason))
 
     async def _deliver(self, stage_id: int, stage: AsyncioStage) -> None:
         queue = self._commands[stage_id]
@@ -537,11 +384,11 @@ class AsyncioOrchestrator:
                 if command is None:
                     return  # shutdown: everything queued before it was delivered
                 await self._deliver_one(stage_id, stage, command)
-                self._undelivered[stage_id] -= 1
+                self._dispatch.undelivered[stage_id] -= 1
 
     async def _deliver_one(self, stage_id: int, stage: AsyncioStage, command: Command) -> None:
         if type(command) is Submit:
-            if not self._accepting:
+            if not self._dispatch.accepting:
                 return
             try:
                 await stage.submit(command.request_id, command.inputs)
@@ -549,7 +396,7 @@ class AsyncioOrchestrator:
                 logger.debug(
                     "stage %d: submit(%r) raised", stage_id, command.request_id, exc_info=True
                 )
-                await self._send(_SubmitFailed(command, exc))
+                await self._send(SubmitFailed(command, exc))
         else:
             try:
                 await stage.abort(command.request_id)
@@ -560,9 +407,9 @@ class AsyncioOrchestrator:
 
     async def _shutdown(self) -> None:
         self._closed = True
-        call = _Shutdown()
-        await self._send(call)
-        await call.done
+        done = asyncio.Event()
+        await self._send(Shutdown(done.set))
+        await done.wait()
         await asyncio.gather(*self._deliveries)
 
     def _stop_tasks(self) -> None:
