@@ -10,13 +10,13 @@ orchestrator and the asyncio twin differ only in tasks, channels and waiting.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import attrs
 
 from ._core import Command, Mode, OrchestratorCore, Submit
-from ._messages import OrchOutput, StageOutput
+from ._messages import OrchOutput, StageItem
 
 __all__ = [
     "Abort",
@@ -29,6 +29,7 @@ __all__ = [
     "OrchestratorStatistics",
     "Outputs",
     "Shutdown",
+    "Sink",
     "StageDied",
     "SubmitFailed",
 ]
@@ -98,21 +99,27 @@ class CoreView:
         return self._core.dropped_outputs
 
 
-class StreamSink(Protocol):
-    """A request's own stream, as the dispatcher sees it."""
+class Sink(Protocol):
+    """Where outputs go: ``next_output()``'s queue or a request's stream.
 
-    def _put(self, output: OrchOutput) -> None: ...
+    ``put`` collects; ``flush`` hands what was collected to the consumer as one batch.
+    Neither blocks.
+    """
+
+    def put(self, output: OrchOutput) -> None: ...
+
+    def flush(self) -> None: ...
 
 
 # -- messages to the handler -----------------------------------------------------------
 
 
 class Outputs:
-    """A batch of outputs from one stage."""
+    """A batch of items from one stage's outputs: outputs, or lists of them."""
 
     __slots__ = ("outputs", "stage_id")
 
-    def __init__(self, stage_id: int, outputs: list[StageOutput]) -> None:
+    def __init__(self, stage_id: int, outputs: Sequence[StageItem]) -> None:
         self.stage_id = stage_id
         self.outputs = outputs
 
@@ -121,7 +128,7 @@ class Admit:
     __slots__ = ("finals", "prompt", "request_id", "stream")
 
     def __init__(
-        self, request_id: str, prompt: Any, finals: frozenset[int], stream: StreamSink | None
+        self, request_id: str, prompt: Any, finals: frozenset[int], stream: Sink | None
     ) -> None:
         self.request_id = request_id
         self.prompt = prompt
@@ -182,7 +189,7 @@ class Dispatcher:
     Args:
       core: The request state machine.
       send_command: Queue a command for its stage's delivery task (never blocks).
-      send_result: Queue an output for ``next_output()`` (never blocks).
+      results: Where outputs of requests without a stream go (``next_output()``).
       release_slot: Give an admission slot back (``max_in_flight``), or ``None``.
     """
 
@@ -191,18 +198,18 @@ class Dispatcher:
         core: OrchestratorCore,
         *,
         send_command: Callable[[Command], None],
-        send_result: Callable[[OrchOutput], None],
+        results: Sink,
         release_slot: Callable[[], None] | None,
     ) -> None:
         self.core = core
         self._send_command = send_command
-        self._send_result = send_result
+        self._results = results
         self._release_slot = release_slot
         #: False once the shutdown's aborts went out: no more stage work.
         self.accepting = True
         #: Ids admitted by callers, not yet seen by the handler.
         self.admitting: set[str] = set()
-        self.streams: dict[str, StreamSink] = {}
+        self.streams: dict[str, Sink] = {}
         self.undelivered = [0] * core.num_stages
         self._drains: list[Call] = []
 
@@ -247,7 +254,11 @@ class Dispatcher:
             receive_output = core.receive_output
             stage_id = message.stage_id
             for output in message.outputs:
-                receive_output(stage_id, output)
+                if type(output) is list:  # a stage handed several over at once
+                    for one in output:
+                        receive_output(stage_id, one)
+                else:
+                    receive_output(stage_id, output)
         elif type(message) is Admit:
             self._admit(message)
         elif type(message) is Abort:
@@ -285,17 +296,23 @@ class Dispatcher:
                 self._send_command(command)
                 undelivered[command.stage_id] += 1
         streams = self.streams
+        results = self._results
+        touched: list[Sink] = []
         for output in core.take_outputs():
             stream = streams.get(output.request_id) if streams else None
             if stream is None:
-                self._send_result(output)
+                results.put(output)
             else:
-                stream._put(output)
+                stream.put(output)
+                touched.append(stream)
             if output.finished:
                 if stream is not None:
                     del streams[output.request_id]
                 if self._release_slot is not None:
                     self._release_slot()
+        results.flush()  # one batch per destination per flush
+        for stream in touched:
+            stream.flush()
         if self._drains and not core.in_flight:
             for drain in self._drains:
                 drain.reply()

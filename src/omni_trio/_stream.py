@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import trio
 
 from ._messages import OrchOutput
+from ._outbox import Outbox
 
 __all__ = ["RequestStream"]
 
@@ -16,7 +15,9 @@ class RequestStream:
 
     Iterate it with ``async for``; the iteration stops after the terminal output,
     which is also kept in :attr:`terminal`. Get one from
-    :meth:`Orchestrator.open_request`.
+    :meth:`Orchestrator.open_request`. Taking an output is always a cancellation
+    point; it yields to the scheduler when none is waiting, and at least once every
+    64 outputs otherwise.
 
     Attributes:
       request_id: The request's id (generated when :meth:`~Orchestrator.open_request`
@@ -27,7 +28,7 @@ class RequestStream:
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
         self.terminal: OrchOutput | None = None
-        self._send, self._receive = trio.open_memory_channel[OrchOutput](math.inf)
+        self._outbox = Outbox()
 
     def __repr__(self) -> str:
         state = "open" if self.terminal is None else self.terminal.finish_reason
@@ -40,7 +41,7 @@ class RequestStream:
         if self.terminal is not None:
             await trio.lowlevel.checkpoint()
             raise StopAsyncIteration
-        output = await self._receive.receive()
+        output = await self._outbox.get()
         if output.finished:
             self.terminal = output
         return output
@@ -55,9 +56,3 @@ class RequestStream:
             return await self.__anext__()
         except StopAsyncIteration:
             raise trio.EndOfChannel from None
-
-    def _put(self, output: OrchOutput) -> None:
-        """Called by the orchestrator's handler; never blocks."""
-        self._send.send_nowait(output)
-        if output.finished:
-            self._send.close()

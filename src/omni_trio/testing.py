@@ -14,7 +14,7 @@ from typing import Any
 import trio
 import trio.testing
 
-from ._messages import OrchOutput, StageOutput
+from ._messages import OrchOutput, StageItem, StageOutput
 from ._orchestrator import Orchestrator
 
 __all__ = ["ScriptedStage", "collect_outputs"]
@@ -45,7 +45,7 @@ class ScriptedStage:
         self.aborts: list[str] = []
         self._on_submit = on_submit
         self._on_abort = on_abort
-        self._send, self.outputs = trio.open_memory_channel[StageOutput](math.inf)
+        self._send, self.outputs = trio.open_memory_channel[StageItem](math.inf)
 
     async def submit(self, request_id: str, inputs: Any) -> None:
         self.submissions.append((request_id, inputs))
@@ -80,6 +80,11 @@ class ScriptedStage:
         """Like :meth:`emit`, without a checkpoint (to emit several in one batch)."""
         self._send.send_nowait(StageOutput(request_id, data, finished, error))
 
+    def emit_batch(self, outputs: list[StageOutput]) -> None:
+        """Put several outputs on :attr:`outputs` as one item, as a stage that got them
+        in one frame would (see :data:`omni_trio.StageItem`)."""
+        self._send.send_nowait(list(outputs))
+
     def submitted_ids(self) -> list[str]:
         """The request ids of :attr:`submissions`, in order."""
         return [request_id for request_id, _ in self.submissions]
@@ -99,6 +104,6 @@ async def collect_outputs(orchestrator: Orchestrator) -> list[OrchOutput]:
     outputs = []
     while True:
         try:
-            outputs.append(orchestrator._results.receive_nowait())
+            outputs.append(orchestrator._results.get_nowait())
         except (trio.WouldBlock, trio.EndOfChannel):
             return outputs

@@ -20,6 +20,7 @@ import asyncio
 import logging
 import sys
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Protocol, TypeVar
@@ -91,12 +92,13 @@ class AsyncioStage(Protocol):
     """A stage engine as the asyncio twin sees it.
 
     ``outputs`` is either an ``asyncio.Queue`` of :class:`~omni_trio.StageOutput`
-    (read in batches; :data:`END_OF_OUTPUTS` or, on 3.13, ``Queue.shutdown()`` ends
-    it) or any async iterator of them (its end ends the stage).
+    or lists of them (read in batches; :data:`END_OF_OUTPUTS` or, on 3.13,
+    ``Queue.shutdown()`` ends it) or any async iterator of them (its end ends the
+    stage).
     """
 
     @property
-    def outputs(self) -> asyncio.Queue[StageOutput] | AsyncIterator[StageOutput]: ...
+    def outputs(self) -> asyncio.Queue[Any] | AsyncIterator[StageOutput]: ...
 
     async def submit(self, request_id: str, inputs: Any) -> None: ...
 
@@ -136,13 +138,58 @@ async def _get_batch(queue: asyncio.Queue[T]) -> list[T]:
     return batch
 
 
+class _Outbox:
+    """Outputs for one consumer, a batch per handler flush (see ``omni_trio._outbox``)."""
+
+    __slots__ = ("_buffer", "_in_queue", "_pending", "_queue")
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._pending: list[OrchOutput] = []
+        self._buffer: deque[OrchOutput] = deque()
+        self._in_queue = 0
+
+    def put(self, output: OrchOutput) -> None:
+        self._pending.append(output)
+
+    def flush(self) -> None:
+        if self._pending:
+            self._in_queue += len(self._pending)
+            self._queue.put_nowait(self._pending)
+            self._pending = []
+
+    def close(self) -> None:
+        self.flush()
+        self._queue.put_nowait(END_OF_OUTPUTS)
+
+    def ready(self) -> int:
+        return len(self._buffer) + self._in_queue + len(self._pending)
+
+    def _take(self, batch: Any) -> None:
+        if batch is END_OF_OUTPUTS:
+            self._queue.put_nowait(END_OF_OUTPUTS)  # for the next caller
+            raise EndOfOutputs("the orchestrator has shut down")
+        self._in_queue -= len(batch)
+        self._buffer.extend(batch)
+
+    async def get(self) -> OrchOutput:
+        if not self._buffer:
+            self._take(await self._queue.get())
+        return self._buffer.popleft()
+
+    def get_nowait(self) -> OrchOutput:
+        if not self._buffer:
+            self._take(self._queue.get_nowait())
+        return self._buffer.popleft()
+
+
 class AsyncioRequestStream:
     """One request's outputs, in order, ending with its terminal (``async for``)."""
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
         self.terminal: OrchOutput | None = None
-        self._queue: asyncio.Queue[OrchOutput] = asyncio.Queue()
+        self._outbox = _Outbox()
 
     def __aiter__(self) -> AsyncioRequestStream:
         return self
@@ -150,7 +197,7 @@ class AsyncioRequestStream:
     async def __anext__(self) -> OrchOutput:
         if self.terminal is not None:
             raise StopAsyncIteration
-        output = await self._queue.get()
+        output = await self._outbox.get()
         if output.finished:
             self.terminal = output
         return output
@@ -161,9 +208,6 @@ class AsyncioRequestStream:
             return await self.__anext__()
         except StopAsyncIteration:
             raise EndOfOutputs from None
-
-    def _put(self, output: OrchOutput) -> None:
-        self._queue.put_nowait(output)
 
 
 class AsyncioOrchestrator(CoreView):
@@ -182,8 +226,7 @@ class AsyncioOrchestrator(CoreView):
         self._shutdown_grace = shutdown_grace
         self._closed = False
         self._inbox: asyncio.Queue[Message] = asyncio.Queue(_INBOX_SIZE)
-        self._results: asyncio.Queue[Any] = asyncio.Queue()
-        self._results_closed = False
+        self._results = _Outbox()
         self._commands: list[asyncio.Queue[Command | None]] = [
             asyncio.Queue() for _ in self._stages
         ]
@@ -191,7 +234,7 @@ class AsyncioOrchestrator(CoreView):
         self._dispatch = Dispatcher(
             core,
             send_command=lambda command: self._commands[command.stage_id].put_nowait(command),
-            send_result=self._results.put_nowait,
+            results=self._results,
             release_slot=None if self._admission is None else self._admission.release,
         )
         self._draining = 0
@@ -235,11 +278,7 @@ class AsyncioOrchestrator(CoreView):
         Raises:
           EndOfOutputs: after shutdown, once every output was taken.
         """
-        output = await self._results.get()
-        if output is END_OF_OUTPUTS:
-            self._results.put_nowait(END_OF_OUTPUTS)  # for the next caller
-            raise EndOfOutputs("the orchestrator has shut down")
-        return output  # type: ignore[no-any-return]
+        return await self._results.get()
 
     async def abort(self, request_id: str) -> None:
         """End a request now; see :meth:`omni_trio.Orchestrator.abort`."""
@@ -266,7 +305,7 @@ class AsyncioOrchestrator(CoreView):
 
     def statistics(self) -> OrchestratorStatistics:
         return self._dispatch.statistics(
-            outputs_ready=self._results.qsize() - self._results_closed,
+            outputs_ready=self._results.ready(),
             admissions_waiting=self._admissions_waiting,
         )
 
@@ -293,7 +332,8 @@ class AsyncioOrchestrator(CoreView):
                     acquired = True
             finally:
                 self._admissions_waiting -= 1
-            await self._send_admission(Admit(request_id, prompt, finals, stream))
+            sink = None if stream is None else stream._outbox
+            await self._send_admission(Admit(request_id, prompt, finals, sink))
         except BaseException:
             self._dispatch.admitting.discard(request_id)
             if acquired:
@@ -352,8 +392,7 @@ class AsyncioOrchestrator(CoreView):
             except asyncio.QueueEmpty:
                 break
         self._dispatch.settle(leftovers)
-        self._results.put_nowait(END_OF_OUTPUTS)
-        self._results_closed = True
+        self._results.close()
 
     async def _read_stage(self, stage_id: int, outputs: Any) -> None:
         reason = "its outputs channel ended"

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from .._messages import OrchOutput, StageOutput
-from .asyncio_orchestrator import END_OF_OUTPUTS, AsyncioOrchestrator
+from .asyncio_orchestrator import END_OF_OUTPUTS, AsyncioOrchestrator, EndOfOutputs
 
 __all__ = [
     "AsyncioScriptedStage",
@@ -41,7 +41,7 @@ class AsyncioScriptedStage:
         self.aborts: list[str] = []
         self._on_submit = on_submit
         self._on_abort = on_abort
-        self.outputs: asyncio.Queue[StageOutput] = asyncio.Queue()
+        self.outputs: asyncio.Queue[Any] = asyncio.Queue()
 
     async def submit(self, request_id: str, inputs: Any) -> None:
         self.submissions.append((request_id, inputs))
@@ -65,6 +65,10 @@ class AsyncioScriptedStage:
         self, request_id: str, data: Any = None, finished: bool = False, error: str | None = None
     ) -> None:
         self.outputs.put_nowait(StageOutput(request_id, data, finished, error))
+
+    def emit_batch(self, outputs: list[StageOutput]) -> None:
+        """Put several outputs on :attr:`outputs` as one item."""
+        self.outputs.put_nowait(list(outputs))
 
     def submitted_ids(self) -> list[str]:
         return [request_id for request_id, _ in self.submissions]
@@ -99,14 +103,11 @@ async def collect_outputs(orchestrator: AsyncioOrchestrator) -> list[OrchOutput]
     """Let every task run until blocked, then take every output that is ready."""
     await wait_all_tasks_blocked()
     outputs = []
-    queue = orchestrator._results
-    while not queue.empty():
-        output = queue.get_nowait()
-        if output is END_OF_OUTPUTS:
-            queue.put_nowait(END_OF_OUTPUTS)
-            break
-        outputs.append(output)
-    return outputs
+    while True:
+        try:
+            outputs.append(orchestrator._results.get_nowait())
+        except (asyncio.QueueEmpty, EndOfOutputs):
+            return outputs
 
 
 class _VirtualClock:
