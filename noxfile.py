@@ -13,7 +13,7 @@ import subprocess
 import nox
 
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
-LINTED = ["src", "tests", "examples", "docs/conf.py", "noxfile.py"]
+LINTED = ["src", "tests", "examples", "tools", "docs/conf.py", "noxfile.py"]
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.sessions = ["tests", "compare", "lint", "typecheck", "docs"]
@@ -82,6 +82,13 @@ def docs(session: nox.Session) -> None:
     session.run(
         "sphinx-build", "-W", "--keep-going", "-q", "-b", "html", "docs", "docs/_build/html"
     )
+
+
+@nox.session(python="3.11")
+def bench(session: nox.Session) -> None:
+    """``omni-trio bench`` (not a default session): Trio vs the asyncio twin vs uvloop."""
+    session.install(".[bench]")
+    session.run("omni-trio", "bench", *session.posargs)
 
 
 @nox.session(python="3.11")

@@ -33,3 +33,18 @@ def test_a_command_is_required(capsys):
         main([])
     assert exit_info.value.code == 2
     assert "COMMAND" in capsys.readouterr().err
+
+
+def test_bench_quick_smoke(capsys):
+    """Keeps the benchmark code from rotting; its numbers mean nothing at this size."""
+    assert main(["bench", "--quick", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["quick"] is True
+    assert report["machine"]["cpus"] >= 1
+    for impl in ("trio", "asyncio"):
+        result = report["results"][impl]
+        assert result["throughput_next_output"] > 0
+        assert set(result["per_event_cost"]) == {"10", "100", "1000", "10000"}
+        assert 0 < result["latency"]["p50"] <= result["latency"]["p99"] <= result["latency"]["max"]
+        assert result["memory_per_request"] > 0
+    assert "latency p99 <= 1 ms" in report["goals"]

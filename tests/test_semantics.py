@@ -6,7 +6,7 @@ import pytest
 
 from frameworks import both
 from helpers import join_forward, view, warm
-from omni_trio import OrchOutput
+from omni_trio import OrchOutput, StageOutput
 
 
 def pipeline(fw, n=3, **kwargs):
@@ -37,6 +37,29 @@ async def test_forward_mode_end_to_end(fw):
         await s2.emit("r", "wav", finished=True)
         assert await fw.collect_outputs(orch) == [OrchOutput("r", 2, "wav", True, "completed")]
         assert [s.aborts for s in stages] == [[], [], []]
+
+
+@both
+async def test_a_stage_may_hand_over_several_outputs_as_one_list(fw):
+    stage = fw.ScriptedStage()
+    async with fw.open_orchestrator([stage], {0}, prewarm_fn=warm) as orch:
+        await orch.add_request("r", "p")
+        await orch.add_request("other", "p")
+        await fw.settle()
+        frame = [
+            StageOutput("r", "a"),
+            StageOutput("other", "x", finished=True),
+            StageOutput("r", "b", finished=True),
+            StageOutput("r", "late"),
+        ]
+        stage.emit_batch(frame)
+        outs = await fw.collect_outputs(orch)
+        assert [(o.request_id, o.data, o.finished) for o in outs] == [
+            ("r", "a", False),
+            ("other", "x", True),
+            ("r", "b", True),
+        ]
+        assert orch.dropped_outputs == 1  # in a list or not, late is late
 
 
 @both

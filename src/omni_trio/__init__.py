@@ -1,7 +1,7 @@
 """omni_trio: a Trio control plane for multi-stage streaming model pipelines."""
 
 from ._dispatch import OrchestratorStatistics
-from ._messages import FinishReason, OrchOutput, RequestMetrics, StageOutput
+from ._messages import FinishReason, OrchOutput, RequestMetrics, StageItem, StageOutput
 from ._orchestrator import Orchestrator, open_orchestrator
 from ._stage import Stage
 from ._stream import RequestStream
@@ -14,6 +14,7 @@ __all__ = [
     "RequestMetrics",
     "RequestStream",
     "Stage",
+    "StageItem",
     "StageOutput",
     "open_orchestrator",
 ]

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import attrs
 
-__all__ = ["FinishReason", "OrchOutput", "RequestMetrics", "StageOutput"]
+__all__ = ["FinishReason", "OrchOutput", "RequestMetrics", "StageItem", "StageOutput"]
 
 FinishReason = Literal["completed", "aborted", "error"]
 """Why a request ended; carried only by its terminal :class:`OrchOutput`."""
@@ -99,3 +99,7 @@ class OrchOutput:
     finish_reason: FinishReason | None = None
     error: str | None = None
     metrics: RequestMetrics | None = attrs.field(default=None, eq=False, repr=False)
+
+
+StageItem = StageOutput | list[StageOutput]
+"""What a stage puts on its outputs: one output, or several that arrived together."""

@@ -6,7 +6,7 @@ from typing import Any, Protocol
 
 import trio
 
-from ._messages import StageOutput
+from ._messages import StageItem
 
 __all__ = ["Stage", "check_stage"]
 
@@ -21,11 +21,14 @@ class Stage(Protocol):
     """
 
     @property
-    def outputs(self) -> trio.abc.ReceiveChannel[StageOutput]:
+    def outputs(self) -> trio.abc.ReceiveChannel[StageItem]:
         """Where the stage reports outputs for all of its requests. If it ends, or
         reading it raises, the stage is dead.
 
-        A plain attribute is fine; a ``trio.MemoryReceiveChannel`` is read in batches.
+        Each item is a :class:`StageOutput`, or a list of them that arrived together
+        (one IPC frame, say): handing them over as one item costs one channel
+        operation instead of one per output. A plain attribute is fine; a
+        ``trio.MemoryReceiveChannel`` is read in batches.
         """
 
     async def submit(self, request_id: str, inputs: Any) -> None:

@@ -1,0 +1,399 @@
+"""The benchmark scenarios, written once for both orchestrators.
+
+Stages are in-process and emit as fast as possible -- every output of a request is
+put on the stage's channel when the request is submitted (or when the scenario
+releases it) -- so what is measured is the orchestrator's own cost per event. A tiny
+adapter gives the scenarios the few primitives that differ between trio and asyncio;
+it sits outside the orchestrator's hot path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import math
+import statistics
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from .. import StageOutput, open_orchestrator
+from ..compare.asyncio_orchestrator import open_asyncio_orchestrator
+
+if sys.version_info >= (3, 11):
+    from asyncio import TaskGroup
+else:  # pragma: no cover - exercised by the 3.10 session
+    from taskgroup import TaskGroup
+
+__all__ = ["ASYNCIO", "TRIO", "Framework", "run_all"]
+
+FINALS = {0, 2}
+
+
+def _nothing(stage_id: int, prompt: Any) -> None:
+    return None
+
+
+def _forward(stage_id: int, outputs: list[Any]) -> int:
+    return len(outputs)
+
+
+# -- stages -----------------------------------------------------------------------------
+
+
+class _Emitter:
+    """The part of a bench stage that does not depend on the framework.
+
+    Outputs are built before the clock starts (``prepare``): building a frozen
+    ``StageOutput`` is the stage's cost, not the orchestrator's.
+    """
+
+    def __init__(self, k: int, *, hold: bool) -> None:
+        self.k = k
+        self.hold = hold  # keep submissions for the scenario instead of emitting at once
+        self.held: list[str] = []
+        self.count_only = False  # hold mode, remembering only how many (memory scenario)
+        self.submitted = 0
+        self.prepared: dict[str, list[StageOutput]] = {}
+
+    def prepare(self, request_ids: list[str]) -> None:
+        last = self.k - 1
+        self.prepared = {
+            rid: [StageOutput(rid, i, i == last) for i in range(self.k)] for rid in request_ids
+        }
+
+    def keep(self, request_id: str) -> None:
+        self.submitted += 1
+        if not self.count_only:
+            self.held.append(request_id)
+
+    def outputs_for(self, request_id: str) -> list[StageOutput]:
+        return self.prepared.pop(request_id)
+
+
+class TrioBenchStage:
+    def __init__(self, k: int, *, hold: bool = False) -> None:
+        self._emitter = _Emitter(k, hold=hold)
+        self._send, self.outputs = trio.open_memory_channel[Any](math.inf)
+
+    async def submit(self, request_id: str, inputs: Any) -> None:
+        if self._emitter.hold:
+            self._emitter.keep(request_id)
+        else:  # one item: the request's outputs arrive together, as in one frame
+            self._send.send_nowait(self._emitter.outputs_for(request_id))
+        await trio.lowlevel.checkpoint()
+
+    async def abort(self, request_id: str) -> None:
+        await trio.lowlevel.checkpoint()
+
+    def emit(self, output: Any) -> None:
+        self._send.send_nowait(output)
+
+
+class AsyncioBenchStage:
+    def __init__(self, k: int, *, hold: bool = False) -> None:
+        self._emitter = _Emitter(k, hold=hold)
+        self.outputs: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def submit(self, request_id: str, inputs: Any) -> None:
+        if self._emitter.hold:
+            self._emitter.keep(request_id)
+        else:  # one item: the request's outputs arrive together, as in one frame
+            self.outputs.put_nowait(self._emitter.outputs_for(request_id))
+        await asyncio.sleep(0)
+
+    async def abort(self, request_id: str) -> None:
+        await asyncio.sleep(0)
+
+    def emit(self, output: Any) -> None:
+        self.outputs.put_nowait(output)
+
+
+# -- the adapter --------------------------------------------------------------------------
+
+
+class Framework:
+    def __init__(
+        self,
+        name: str,
+        open_orch: Callable[..., Any],
+        stage: Callable[..., Any],
+        open_tasks: Callable[[], Any],
+        sleep: Callable[[float], Any],
+        run: Callable[[Callable[[], Any]], Any],
+        hop: Callable[[int], Any],
+    ) -> None:
+        self.name = name
+        self.open_orchestrator = open_orch
+        self.Stage = stage
+        self.open_tasks = open_tasks
+        self.sleep = sleep
+        self.run = run
+        self.hop = hop
+
+
+class _Tasks:
+    def __init__(self, group: Any) -> None:
+        self._group = group
+
+    def start_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._group.create_task(fn(*args))
+
+
+@asynccontextmanager
+async def _asyncio_tasks() -> Any:
+    async with TaskGroup() as group:
+        yield _Tasks(group)
+
+
+async def _trio_hop(n: int) -> float:
+    send, receive = trio.open_memory_channel[int](0)
+
+    async def sender() -> None:
+        for i in range(n):
+            await send.send(i)
+
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sender)
+        for _ in range(n):
+            await receive.receive()
+    return (time.perf_counter() - start) / n
+
+
+async def _asyncio_hop(n: int) -> float:
+    queue: asyncio.Queue[int] = asyncio.Queue(1)
+
+    async def sender() -> None:
+        for i in range(n):
+            await queue.put(i)
+
+    start = time.perf_counter()
+    task = asyncio.create_task(sender())
+    for _ in range(n):
+        await queue.get()
+    await task
+    return (time.perf_counter() - start) / n
+
+
+TRIO = Framework(
+    "trio",
+    open_orchestrator,
+    TrioBenchStage,
+    trio.open_nursery,
+    trio.sleep,
+    trio.run,
+    _trio_hop,
+)
+
+
+def _asyncio_framework(uvloop: bool) -> Framework:
+    def run(fn: Callable[[], Any]) -> Any:
+        if uvloop:
+            import uvloop as uv
+
+            return uv.run(fn())
+        return asyncio.run(fn())
+
+    return Framework(
+        "asyncio+uvloop" if uvloop else "asyncio",
+        open_asyncio_orchestrator,
+        AsyncioBenchStage,
+        _asyncio_tasks,
+        asyncio.sleep,
+        run,
+        _asyncio_hop,
+    )
+
+
+ASYNCIO = _asyncio_framework(uvloop=False)
+ASYNCIO_UVLOOP = _asyncio_framework(uvloop=True)
+
+
+def _settle_gc() -> None:
+    """Collect, then move everything alive out of the collector's way.
+
+    The scenarios build large plans before the clock starts; without this, a
+    generation-2 collection walks them in the middle of a measurement.
+    """
+    gc.collect()
+    gc.freeze()
+
+
+# -- the scenarios --------------------------------------------------------------------------
+
+
+async def throughput(fw: Framework, n: int, k: int, *, streams: bool, mode: str) -> float:
+    """Events (stage outputs) handled per second, N requests x K outputs x 3 stages."""
+    stages = [fw.Stage(k) for _ in range(3)]
+    ids = [f"r{i}" for i in range(n)]
+    for stage in stages:
+        stage._emitter.prepare(ids)
+    fns = {"forward_fn": _forward} if mode == "forward" else {"prewarm_fn": _nothing}
+    async with fw.open_orchestrator(stages, FINALS, **fns) as orch:
+        _settle_gc()
+        start = time.perf_counter()
+        if streams:
+
+            async def consume(i: int) -> None:
+                async with orch.open_request(None, request_id=f"r{i}") as stream:
+                    async for _ in stream:
+                        pass
+
+            async with fw.open_tasks() as tasks:
+                for i in range(n):
+                    tasks.start_soon(consume, i)
+        else:
+            for i in range(n):
+                await orch.add_request(f"r{i}", None)
+            ended = 0
+            while ended < n:
+                ended += (await orch.next_output()).finished
+        elapsed = time.perf_counter() - start
+    return n * k * 3 / elapsed
+
+
+async def per_event_cost(fw: Framework, in_flight: int, events: int) -> float:
+    """Seconds per event with ``in_flight`` requests open while their outputs flow."""
+    k = max(2, events // (3 * in_flight))
+    stages = [fw.Stage(k, hold=True) for _ in range(3)]
+    async with fw.open_orchestrator(stages, FINALS, prewarm_fn=_nothing) as orch:
+        for i in range(in_flight):
+            await orch.add_request(f"r{i}", None)
+        while len(stages[2]._emitter.held) < in_flight:  # every submit delivered
+            await fw.sleep(0)
+        plan = [
+            (stage, StageOutput(rid, i, i == k - 1))
+            for i in range(k)  # round-robin over every request: all stay in flight
+            for stage in stages
+            for rid in stage._emitter.held
+        ]
+        _settle_gc()
+        start = time.perf_counter()
+        for stage, output in plan:
+            stage.emit(output)
+        ended = 0
+        while ended < in_flight:
+            ended += (await orch.next_output()).finished
+        elapsed = time.perf_counter() - start
+    return elapsed / (in_flight * k * 3)
+
+
+async def latency(fw: Framework, rate: float, duration: float) -> dict[str, float]:
+    """Emission-to-consumer latency at a steady offered load of ``rate`` events/s.
+
+    A producer task plays the stages' engines: it emits every output as soon as it is
+    due, stamped with that moment, and yields after each round, so arrivals are spread
+    evenly instead of coming in timer-sized bursts. The consumer measures how long each
+    output took to reach it through the orchestrator (reader, handler, its queue).
+    """
+    requests = 100
+    per_stage = rate / 3
+    k = max(2, int(per_stage * duration / requests))
+    stages = [fw.Stage(k, hold=True) for _ in range(3)]
+    samples: list[float] = []
+    async with fw.open_orchestrator(stages, FINALS, prewarm_fn=_nothing) as orch:
+        for i in range(requests):
+            await orch.add_request(f"r{i}", None)
+        while len(stages[2]._emitter.held) < requests:
+            await fw.sleep(0)
+        plan = [(i, rid) for i in range(k) for rid in stages[0]._emitter.held]
+        last = k - 1
+
+        async def engines() -> None:
+            start = time.perf_counter()
+            sent = 0
+            while sent < len(plan):
+                now = time.perf_counter()
+                due = min(len(plan), int((now - start) * per_stage) + 1)
+                for i, rid in plan[sent:due]:
+                    for stage in stages:
+                        stage.emit(StageOutput(rid, now, i == last))
+                sent = due
+                await fw.sleep(0)
+
+        _settle_gc()
+        async with fw.open_tasks() as tasks:
+            tasks.start_soon(engines)
+            ended = 0
+            while ended < requests:
+                out = await orch.next_output()
+                if out.data is not None:
+                    samples.append(time.perf_counter() - out.data)
+                ended += out.finished
+    samples.sort()
+    return {
+        "p50": samples[len(samples) // 2],
+        "p99": samples[int(len(samples) * 0.99)],
+        "max": samples[-1],
+        "mean": statistics.fmean(samples),
+        "rate": rate,
+    }
+
+
+async def memory_per_request(fw: Framework, n: int) -> float:
+    """Bytes of orchestrator state per in-flight request (tracemalloc; no payloads)."""
+    stages = [fw.Stage(1, hold=True) for _ in range(3)]
+    for stage in stages:
+        stage._emitter.count_only = True  # the stages keep nothing per request
+    async with fw.open_orchestrator(stages, FINALS, prewarm_fn=_nothing) as orch:
+        ids = [f"r{i:08d}" for i in range(n)]  # the ids are the user's, not ours
+        await orch.add_request("warm-up", None)
+        while stages[2]._emitter.submitted < 1:
+            await fw.sleep(0)
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        for rid in ids:
+            await orch.add_request(rid, None)
+        while stages[2]._emitter.submitted < n + 1:
+            await fw.sleep(0)
+        gc.collect()
+        after = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+    return (after - before) / n
+
+
+def run_all(fw: Framework, *, quick: bool, latency_load: float | None = None) -> dict[str, Any]:
+    """Every scenario once, in this process, best of ``repeats`` where it is timed.
+
+    Scenario 5 runs at ``latency_load`` events/s, by default half of this
+    implementation's scenario-1 rate (``omni-trio bench`` passes half of Trio's, so
+    that every implementation is measured at the same offered load).
+    """
+    n, k = (40, 10) if quick else (1000, 100)
+    repeats = 1 if quick else 3
+    results: dict[str, Any] = {}
+
+    def best(scenario: Callable[[], Any]) -> float:
+        return max(float(fw.run(scenario)) for _ in range(repeats))
+
+    results["throughput_next_output"] = best(
+        lambda: throughput(fw, n, k, streams=False, mode="async_chunk")
+    )
+    results["throughput_streams"] = best(
+        lambda: throughput(fw, n, k, streams=True, mode="async_chunk")
+    )
+    results["throughput_forward"] = best(
+        lambda: throughput(fw, n, k, streams=False, mode="forward")
+    )
+    events = 3_000 if quick else 300_000
+
+    def cost_at(in_flight: int) -> float:
+        return min(
+            float(fw.run(lambda: per_event_cost(fw, in_flight, events))) for _ in range(repeats)
+        )
+
+    results["per_event_cost"] = {str(x): cost_at(x) for x in (10, 100, 1_000, 10_000)}
+    load = latency_load or results["throughput_next_output"] / 2
+    results["latency"] = fw.run(lambda: latency(fw, load, 0.2 if quick else 2.0))
+    results["memory_per_request"] = fw.run(lambda: memory_per_request(fw, 500 if quick else 10_000))
+    results["channel_hop"] = min(
+        fw.run(lambda: fw.hop(2_000 if quick else 200_000)) for _ in range(repeats)
+    )
+    return results
