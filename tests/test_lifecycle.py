@@ -236,6 +236,7 @@ class TestFaultMatrix:
                 await orch.abort("r")
                 outs = [out async for out in stream]
             assert outs == [OrchOutput("r", 2, "last wav", True, "completed")]
+            await trio.testing.wait_all_tasks_blocked()  # the aborts are delivered
             assert stages[1].aborts == ["r"]  # the straggler is told to stop
 
     async def test_abort_of_unknown_id(self):
