@@ -26,7 +26,7 @@ import attrs
 from hypothesis import strategies as st
 
 from omni_trio import OrchOutput, StageOutput
-from omni_trio._core import OrchestratorCore, Submit
+from omni_trio._core import OrchestratorCore, Release, Submit
 
 
 @attrs.frozen
@@ -72,6 +72,7 @@ class CoreHarness:
     def __init__(self, pipeline: Pipeline) -> None:
         self.core = OrchestratorCore(pipeline.num_stages, pipeline.finals, **pipeline.functions())
         self.submitted: set[tuple[str, int]] = set()
+        self.releases: dict[int, list[str]] = defaultdict(list)
 
     async def add(self, rid: str) -> None:
         self.core.add_request(rid, f"prompt of {rid}")
@@ -89,7 +90,12 @@ class CoreHarness:
         for command in self.core.take_commands():
             if isinstance(command, Submit):
                 self.submitted.add((command.request_id, command.stage_id))
+            elif isinstance(command, Release):
+                self.releases[command.stage_id].append(command.request_id)
         return self.core.take_outputs()
+
+    def released(self, k: int) -> list[str]:
+        return self.releases[k]
 
     def stats(self) -> tuple[int, int, int, int, int, int]:
         c = self.core
@@ -119,6 +125,9 @@ class OrchestratorHarness:
 
     async def settle(self) -> list[OrchOutput]:
         return await self.fw.collect_outputs(self.orch)  # type: ignore[no-any-return]
+
+    def released(self, k: int) -> list[str]:
+        return self.stages[k].releases  # type: ignore[no-any-return]
 
     def stats(self) -> tuple[int, int, int, int, int, int]:
         s = self.orch.statistics()
@@ -171,6 +180,9 @@ async def run_scenario(
         for rid in script:
             if rid not in ended and done_stages(rid):
                 assert rid in terminal_round, f"{rid}: every stage finished but no terminal"
+        for k in range(pipeline.num_stages):  # nothing is freed before the terminal
+            early = set(harness.released(k)) - set(terminal_round)
+            assert not early, f"stage {k} released {early} before their terminal"
         rounds += 1
 
     def emittable() -> list[tuple[str, int]]:
@@ -255,6 +267,10 @@ async def run_scenario(
                 assert got == emitted[rid, k], (rid, k)
             else:
                 assert got == emitted[rid, k][: len(got)], (rid, k)
+
+    for k in range(pipeline.num_stages):  # every submitted stage, exactly once
+        submitted = sorted(rid for rid in script if harness.is_submitted(rid, k))
+        assert sorted(harness.released(k)) == submitted, k
 
     in_flight, admitted, completed, aborted, errored, dropped = harness.stats()
     assert in_flight == 0

@@ -6,10 +6,15 @@ import pytest
 
 from helpers import join_forward, view, warm
 from omni_trio import OrchOutput, StageOutput
-from omni_trio._core import Abort, OrchestratorCore, Submit
+from omni_trio._core import Abort, OrchestratorCore, Release, Submit
 
 # These tests must not need an event loop; pytest-trio's trio_mode would otherwise
 # run async tests, and there are none here.
+
+
+def ended_early(request_id, stages):
+    """The commands of an early end: abort, then release, to each submitted stage."""
+    return [Abort(k, request_id) for k in stages] + [Release(k, request_id) for k in stages]
 
 
 def chunk_core(final=(0, 2), stages=3):
@@ -74,8 +79,10 @@ class TestSeedExamples:
         held = core.state("r1").pending_final
         assert held == OrchOutput("r1", 2, "wav:THERE", True, "completed")
         assert core.pending_final == 1
+        assert core.take_commands() == []  # nothing may be freed: the talker still works
         core.receive_output(1, StageOutput("r1", None, True))
         assert core.take_outputs() == [held]  # sent unchanged
+        assert core.take_commands() == [Release(0, "r1"), Release(1, "r1"), Release(2, "r1")]
         assert "r1" not in core
         assert feed(core, 2, "r1", "wav:EXTRA") == []
         assert core.dropped_outputs == 1
@@ -174,7 +181,8 @@ class TestForward:
         assert feed(core, 2, "r", "w1") == [(2, "w1", False)]
         assert feed(core, 2, "r", "w2", True) == [(2, "w2", True)]
         assert core.in_flight == 0
-        assert core.take_commands() == []
+        # With the terminal, every stage may free what it holds for the request.
+        assert core.take_commands() == [Release(0, "r"), Release(1, "r"), Release(2, "r")]
 
     def test_output_before_forward_is_dropped(self):
         core = OrchestratorCore(2, {1}, forward_fn=join_forward)
@@ -194,7 +202,7 @@ class TestForward:
         assert terminal.finish_reason == "error"
         assert terminal.stage_id == 1
         assert terminal.error == "forward_fn from stage 0 to stage 1 raised RuntimeError: no codec"
-        assert core.take_commands() == [Abort(0, "r")]
+        assert core.take_commands() == ended_early("r", [0])
 
 
 class TestEndingEarly:
@@ -207,7 +215,7 @@ class TestEndingEarly:
         assert core.take_outputs() == [
             OrchOutput("r", 1, None, True, "error", "stage 1 failed: OOM")
         ]
-        assert core.take_commands() == [Abort(0, "r"), Abort(1, "r"), Abort(2, "r")]
+        assert core.take_commands() == ended_early("r", [0, 1, 2])
         assert feed(core, 0, "other", "fine") == [(0, "fine", False)]
         assert core.errored == 1
 
@@ -233,7 +241,7 @@ class TestEndingEarly:
         core.submit_failed(submits[1], ConnectionError("pipe closed"))
         [terminal] = core.take_outputs()
         assert terminal.error == "stage 1 submit raised ConnectionError: pipe closed"
-        assert core.take_commands() == [Abort(0, "r"), Abort(1, "r"), Abort(2, "r")]
+        assert core.take_commands() == ended_early("r", [0, 1, 2])
 
     def test_submit_failure_of_a_previous_life_of_the_id_is_ignored(self):
         core = chunk_core(final=(0,), stages=1)
@@ -253,7 +261,7 @@ class TestEndingEarly:
         feed(core, 0, "r", "x")
         assert core.abort("r") is True
         assert core.take_outputs() == [OrchOutput("r", 2, None, True, "aborted")]
-        assert core.take_commands() == [Abort(0, "r"), Abort(1, "r"), Abort(2, "r")]
+        assert core.take_commands() == ended_early("r", [0, 1, 2])
         assert feed(core, 1, "r", None, True) == []
         assert core.dropped_outputs == 1
         assert core.abort("r") is False
@@ -269,7 +277,7 @@ class TestEndingEarly:
         feed(core, 2, "r", "last chunk", True)
         core.abort("r")
         assert core.take_outputs() == [OrchOutput("r", 2, "last chunk", True, "completed")]
-        assert core.take_commands() == [Abort(0, "r"), Abort(1, "r"), Abort(2, "r")]
+        assert core.take_commands() == ended_early("r", [0, 1, 2])
         assert (core.completed, core.aborted) == (1, 0)
 
     def test_error_during_pending_final_releases_the_held_terminal(self):
@@ -302,7 +310,7 @@ class TestStageDeath:
         outs = {o.request_id: o for o in core.take_outputs()}
         assert set(outs) == {"needs"}
         assert outs["needs"].error == "stage 1 is dead: pipe closed"
-        assert core.take_commands() == [Abort(0, "needs"), Abort(2, "needs")]  # not to 1
+        assert core.take_commands() == ended_early("needs", [0, 2])  # not to dead stage 1
         assert core.stage_deaths == [None, "pipe closed", None]
 
     def test_later_admissions_that_need_it_fail_at_once(self):
@@ -342,7 +350,7 @@ class TestWatchdog:
         core.expire()
         [t] = core.take_outputs()
         assert (t.stage_id, t.error) == (1, "stage 1 sent nothing for 2 s (stage_idle_timeout)")
-        assert core.take_commands() == [Abort(0, "r"), Abort(1, "r"), Abort(2, "r")]
+        assert core.take_commands() == ended_early("r", [0, 1, 2])
 
     def test_finished_stages_and_ended_requests_are_not_watched(self):
         core = OrchestratorCore(1, {0}, prewarm_fn=warm, stage_idle_timeout=1.0)

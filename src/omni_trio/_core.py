@@ -29,6 +29,7 @@ __all__ = [
     "Mode",
     "OrchestratorCore",
     "PrewarmFn",
+    "Release",
     "ReqState",
     "Submit",
 ]
@@ -61,7 +62,18 @@ class Abort:
     request_id: str
 
 
-Command: TypeAlias = Submit | Abort
+@attrs.frozen
+class Release:
+    """Command: the request has its terminal; ``stages[stage_id]`` may free what it
+    holds for it (shared-memory chunks, bindings). Sent to every live stage the
+    request was submitted to, after its terminal and after any ``Abort``: never while
+    a submitted stage has not reported completion, unless the request ended early."""
+
+    stage_id: int
+    request_id: str
+
+
+Command: TypeAlias = Submit | Abort | Release
 
 
 @attrs.define(eq=False)
@@ -483,6 +495,11 @@ class OrchestratorCore:
         """Emit the request's terminal output, with its metrics, and forget the request."""
         if self._requests.get(st.request_id) is st:
             del self._requests[st.request_id]
+        self._commands.extend(
+            Release(sid, st.request_id)
+            for sid in sorted(st.submitted)
+            if self.stage_deaths[sid] is None
+        )
         st.num_outputs += 1
         if terminal.finish_reason == "completed":
             self.completed += 1

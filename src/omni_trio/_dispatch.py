@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from ._core import Command, Mode, OrchestratorCore, Submit
+from ._core import Command, Mode, OrchestratorCore, Release, Submit
 from ._messages import OrchOutput, StageItem
 
 __all__ = [
@@ -191,6 +191,8 @@ class Dispatcher:
       send_command: Queue a command for its stage's delivery task (never blocks).
       results: Where outputs of requests without a stream go (``next_output()``).
       release_slot: Give an admission slot back (``max_in_flight``), or ``None``.
+      wants_release: Per stage, whether it takes ``release()``; ``Release`` commands
+          for the others are never queued.
     """
 
     def __init__(
@@ -200,11 +202,13 @@ class Dispatcher:
         send_command: Callable[[Command], None],
         results: Sink,
         release_slot: Callable[[], None] | None,
+        wants_release: Sequence[bool] = (),
     ) -> None:
         self.core = core
         self._send_command = send_command
         self._results = results
         self._release_slot = release_slot
+        self._wants_release = tuple(wants_release) or (False,) * core.num_stages
         #: False once the shutdown's aborts went out: no more stage work.
         self.accepting = True
         #: Ids admitted by callers, not yet seen by the handler.
@@ -292,7 +296,10 @@ class Dispatcher:
         commands = core.take_commands()
         if self.accepting:  # after the shutdown's aborts went out, stages get nothing
             undelivered = self.undelivered
+            wants_release = self._wants_release
             for command in commands:
+                if type(command) is Release and not wants_release[command.stage_id]:
+                    continue
                 self._send_command(command)
                 undelivered[command.stage_id] += 1
         streams = self.streams

@@ -31,6 +31,7 @@ from ._core import (
     ForwardFn,
     OrchestratorCore,
     PrewarmFn,
+    Release,
     Submit,
     check_request_id,
     describe,
@@ -118,6 +119,7 @@ class Orchestrator(CoreView):
             send_command=self._queue_command,
             results=self._results,
             release_slot=None if self._admission is None else self._admission.release,
+            wants_release=[callable(getattr(s, "release", None)) for s in self._stages],
         )
         self._draining = AsyncValue(0)  # drain() calls in progress
         self._admissions_waiting = 0
@@ -423,11 +425,12 @@ class Orchestrator(CoreView):
                 )
                 await self._report(SubmitFailed(command, exc))
         else:
+            action = "release" if type(command) is Release else "abort"
             try:
-                await stage.abort(command.request_id)
+                await getattr(stage, action)(command.request_id)
             except Exception:
                 logger.warning(
-                    "stage %d: abort(%r) raised", stage_id, command.request_id, exc_info=True
+                    "stage %d: %s(%r) raised", stage_id, action, command.request_id, exc_info=True
                 )
 
     async def _report(self, message: Message) -> None:

@@ -18,6 +18,12 @@ class Stage(Protocol):
     :attr:`outputs`, and one delivery task per stage, which calls :meth:`submit` and
     :meth:`abort` one at a time, in the order the orchestrator decided them. Neither
     method is ever called concurrently with itself or the other for the same stage.
+
+    A stage may also define ``async release(request_id)``: it is then called, in the
+    same order, for every stage a request was submitted to once the request has its
+    terminal -- never while a submitted stage has not reported completion, unless the
+    request ended early (after its ``abort``). It is where a stage frees what it still
+    holds for the request, such as shared-memory chunks a downstream stage reads.
     """
 
     @property

@@ -32,6 +32,7 @@ class ScriptedStage:
       submissions: ``(request_id, inputs)`` of every :meth:`submit` call, in call
           order (recorded before ``on_submit`` runs).
       aborts: ``request_id`` of every :meth:`abort` call, in call order.
+      releases: ``request_id`` of every :meth:`release` call, in call order.
       outputs: The receive side of the stage's output channel.
     """
 
@@ -43,6 +44,7 @@ class ScriptedStage:
     ) -> None:
         self.submissions: list[tuple[str, Any]] = []
         self.aborts: list[str] = []
+        self.releases: list[str] = []
         self._on_submit = on_submit
         self._on_abort = on_abort
         self._send, self.outputs = trio.open_memory_channel[StageItem](math.inf)
@@ -57,6 +59,10 @@ class ScriptedStage:
         self.aborts.append(request_id)
         if self._on_abort is not None:
             await self._on_abort(request_id)
+        await trio.lowlevel.checkpoint()
+
+    async def release(self, request_id: str) -> None:
+        self.releases.append(request_id)
         await trio.lowlevel.checkpoint()
 
     async def emit(

@@ -30,6 +30,7 @@ from .._core import (
     ForwardFn,
     OrchestratorCore,
     PrewarmFn,
+    Release,
     Submit,
     check_request_id,
     describe,
@@ -236,6 +237,7 @@ class AsyncioOrchestrator(CoreView):
             send_command=lambda command: self._commands[command.stage_id].put_nowait(command),
             results=self._results,
             release_slot=None if self._admission is None else self._admission.release,
+            wants_release=[callable(getattr(s, "release", None)) for s in self._stages],
         )
         self._draining = 0
         self._drain_over = asyncio.Event()
@@ -437,11 +439,12 @@ class AsyncioOrchestrator(CoreView):
                 )
                 await self._send(SubmitFailed(command, exc))
         else:
+            action = "release" if type(command) is Release else "abort"
             try:
-                await stage.abort(command.request_id)
+                await getattr(stage, action)(command.request_id)
             except Exception:
                 logger.warning(
-                    "stage %d: abort(%r) raised", stage_id, command.request_id, exc_info=True
+                    "stage %d: %s(%r) raised", stage_id, action, command.request_id, exc_info=True
                 )
 
     async def _shutdown(self) -> None:

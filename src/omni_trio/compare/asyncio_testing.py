@@ -39,6 +39,7 @@ class AsyncioScriptedStage:
     ) -> None:
         self.submissions: list[tuple[str, Any]] = []
         self.aborts: list[str] = []
+        self.releases: list[str] = []
         self._on_submit = on_submit
         self._on_abort = on_abort
         self.outputs: asyncio.Queue[Any] = asyncio.Queue()
@@ -53,6 +54,10 @@ class AsyncioScriptedStage:
         self.aborts.append(request_id)
         if self._on_abort is not None:
             await self._on_abort(request_id)
+        await asyncio.sleep(0)
+
+    async def release(self, request_id: str) -> None:
+        self.releases.append(request_id)
         await asyncio.sleep(0)
 
     async def emit(
