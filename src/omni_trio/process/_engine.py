@@ -1,0 +1,66 @@
+"""The engine API: what a user writes to run a stage in a worker process.
+
+An engine is an async generator function ``engine(request, io)``: it gets the
+request's input and a :class:`ChunkIO` handle, and yields the stage's output data
+items, which travel to the orchestrator as the stage's outputs (a final stage's reach
+the user). In async_chunk mode it also streams to its neighbours through ``io``: it
+receives its upstream stage's chunks with ``async for chunk in io`` and sends chunks
+downstream with ``await io.send(...)``. The worker runs it under Trio; an ``abort``
+cancels it, an exception fails the request.
+
+A stage is configured with the import path of a *factory*, called once in the worker
+with the stage's ``engine_args`` as keyword arguments, which returns the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+import attrs
+
+__all__ = ["ChunkIO", "Engine", "EngineFactory", "EngineRequest"]
+
+
+@attrs.frozen
+class EngineRequest:
+    """What an engine is asked to do.
+
+    Attributes:
+      request_id: The request's id.
+      inputs: Stage 0: the prompt. Later stages: ``prewarm_fn``'s placeholder
+          (async_chunk) or ``forward_fn``'s input (forward mode).
+      stage_id: The stage this engine serves.
+    """
+
+    request_id: str
+    inputs: Any
+    stage_id: int
+
+
+class ChunkIO(Protocol):
+    """A request's link to the neighbouring stages (async_chunk mode).
+
+    Chunks are bytes; they travel in shared memory, and only their keys through the
+    connector. A stage's chunks stay readable until the orchestrator releases the
+    request, which it does only once every stage has reported completion.
+    """
+
+    @property
+    def connected(self) -> bool:
+        """Whether this stage streams to and from its neighbours (async_chunk mode
+        with a connector). When it does not, :meth:`send` raises ``RuntimeError``."""
+
+    async def send(self, chunk: bytes | bytearray | memoryview) -> None:
+        """Hand ``chunk`` to the downstream stage(s)."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        """The upstream stage's chunks for this request, until it is done."""
+
+
+Engine = Callable[[EngineRequest, ChunkIO], AsyncIterator[Any]]
+"""``engine(request, io)``: an async generator yielding output data items (anything
+msgpack can carry: ``str``, ``bytes``, numbers, lists, dicts, ``None``)."""
+
+EngineFactory = Callable[..., Engine]
+"""``factory(**engine_args) -> Engine``, named by an import path ``"package.module:name"``."""

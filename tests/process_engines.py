@@ -1,0 +1,88 @@
+"""Engines for the process-stage tests (imported by the worker processes)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import trio
+
+
+def stream(count: int = 3, delay: float = 0.0, chunked: bool = True):
+    """Yields ``count`` items; streams each one downstream too, when connected."""
+
+    async def engine(request, io):
+        for i in range(count):
+            if delay:
+                await trio.sleep(delay)
+            item = f"{request.inputs}:{request.stage_id}:{i}"
+            if chunked and io.connected:
+                await io.send(item.encode())
+            yield item
+
+    return engine
+
+
+def relay(delay: float = 0.0):
+    """async_chunk: yields (and passes on) each upstream chunk; forward: its inputs."""
+
+    async def engine(request, io):
+        if io.connected:
+            async for chunk in io:
+                if delay:
+                    await trio.sleep(delay)
+                await io.send(chunk)
+                yield chunk.decode().upper()
+        else:
+            for item in request.inputs:
+                yield str(item).upper()
+
+    return engine
+
+
+def fails(when: str = "boom"):
+    async def engine(request, io):
+        yield "before"
+        if request.inputs == when:
+            raise ValueError("the engine broke")
+        yield "after"
+
+    return engine
+
+
+def unencodable():
+    async def engine(request, io):
+        yield object()
+
+    return engine
+
+
+def blocks_the_loop(seconds: float = 3.0):
+    """Holds the worker's event loop (no pongs) when asked to."""
+
+    async def engine(request, io):
+        if request.inputs == "block":
+            time.sleep(seconds)  # noqa: ASYNC251 - the point: the worker's loop is stuck
+        yield "done"
+
+    return engine
+
+
+def corrupts_its_control_stream():
+    """Writes garbage where frames should be: a worker gone wrong."""
+
+    async def engine(request, io):
+        fd = int(sys.argv[sys.argv.index("--control-fd") + 1])
+        os.write(fd, b"\x00\x00\x00\x05\xc1\xc1\xc1\xc1\xc1")
+        yield "never seen"
+
+    return engine
+
+
+def broken_factory():
+    raise RuntimeError("no weights found")
+
+
+def forward_join(outputs):
+    return outputs
