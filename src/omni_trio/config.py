@@ -1,0 +1,227 @@
+"""Pipeline configs: stages in worker processes, described in TOML.
+
+The vocabulary follows vLLM-Omni's stage configs where it fits (``stage_id``,
+``engine_args``, ``engine_input_source``, ``final_output``, ``final_output_type``,
+``custom_process_input_func``, ``async_chunk``)::
+
+    [pipeline]
+    name = "omni"
+    async_chunk = true          # stages stream through the connector
+    connector = "shm"           # shared-memory chunks (async_chunk only)
+
+    [[stages]]
+    stage_id = 0
+    name = "thinker"
+    engine = "omni_trio.demo.engines:thinker"    # factory import path
+    engine_args = { tokens_per_second = 50 }     # the factory's keyword arguments
+    final_output = true
+    final_output_type = "text"                   # or "audio"
+
+    [[stages]]
+    stage_id = 1
+    name = "talker"
+    engine = "omni_trio.demo.engines:talker"
+    engine_input_source = [0]                    # linear: stage k reads stage k - 1
+    custom_process_input_func = "omni_trio.demo.engines:thinker2talker"  # forward mode
+    prewarm_func = "omni_trio.demo.engines:prewarm"                      # async_chunk
+    [stages.runtime]
+    restart = true
+
+An invalid config raises :class:`ConfigError` naming the key, e.g.
+``stages[1].final_output: Expected `bool`, got `str```.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+__all__ = [
+    "ConfigError",
+    "PipelineConfig",
+    "PipelineSection",
+    "Runtime",
+    "StageConfig",
+    "load_pipeline",
+    "parse_pipeline",
+]
+
+
+class ConfigError(ValueError):
+    """An invalid pipeline config; the message starts with the offending key."""
+
+
+class Runtime(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """How a stage's worker process is run (see ``open_process_stage``)."""
+
+    restart: bool = False
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 10.0
+    startup_timeout: float = 30.0
+    completion_delay: float = 0.0
+
+
+class StageConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """One ``[[stages]]`` table."""
+
+    stage_id: int
+    engine: str
+    name: str | None = None
+    engine_args: dict[str, Any] = msgspec.field(default_factory=dict)
+    engine_input_source: list[int] | None = None
+    final_output: bool = False
+    final_output_type: Literal["text", "audio"] = "text"
+    custom_process_input_func: str | None = None
+    prewarm_func: str | None = None
+    runtime: Runtime = Runtime()
+
+    @property
+    def label(self) -> str:
+        return self.name or f"stage{self.stage_id}"
+
+
+class PipelineSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """The ``[pipeline]`` table."""
+
+    name: str = "pipeline"
+    async_chunk: bool = True
+    connector: Literal["shm", "none"] = "shm"
+
+
+class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """A whole pipeline config."""
+
+    stages: list[StageConfig]
+    pipeline: PipelineSection = PipelineSection()
+
+    @property
+    def final_stage_ids(self) -> frozenset[int]:
+        return frozenset(s.stage_id for s in self.stages if s.final_output)
+
+    @property
+    def mode(self) -> Literal["async_chunk", "forward"]:
+        return "async_chunk" if self.pipeline.async_chunk else "forward"
+
+    def orchestrator_functions(self) -> dict[str, Any]:
+        """``prewarm_fn`` (async_chunk) or ``forward_fn`` (forward mode) for
+        :func:`omni_trio.open_orchestrator`, built from the stages' functions."""
+        from .process.worker import import_object
+
+        if self.pipeline.async_chunk:
+            prewarm = {
+                s.stage_id: import_object(s.prewarm_func) for s in self.stages if s.prewarm_func
+            }
+
+            def prewarm_fn(stage_id: int, prompt: Any) -> Any:
+                func = prewarm.get(stage_id)
+                return None if func is None else func(prompt)
+
+            return {"prewarm_fn": prewarm_fn}
+        process = {
+            s.stage_id: import_object(s.custom_process_input_func)
+            for s in self.stages
+            if s.custom_process_input_func
+        }
+
+        def forward_fn(stage_id: int, outputs: list[Any]) -> Any:
+            func = process.get(stage_id + 1)
+            return outputs if func is None else func(outputs)
+
+        return {"forward_fn": forward_fn}
+
+    def with_mode(self, async_chunk: bool) -> PipelineConfig:
+        """This config in the other mode (the demo runs both)."""
+        connector: Literal["shm", "none"] = "shm" if async_chunk else "none"
+        section = msgspec.structs.replace(
+            self.pipeline, async_chunk=async_chunk, connector=connector
+        )
+        return msgspec.structs.replace(self, pipeline=section)
+
+
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def _key(path: str) -> str:
+    """msgspec's ``$.stages[1].x`` as ``stages[1].x``."""
+    return path.removeprefix("$.").removeprefix("$") or "(top level)"
+
+
+def parse_pipeline(text: str, *, source: str = "<config>") -> PipelineConfig:
+    """Parse and check a TOML pipeline config.
+
+    Raises:
+      ConfigError: not TOML, a wrong type or unknown key, or an inconsistent pipeline;
+          the message names the key.
+    """
+    try:
+        config = msgspec.toml.decode(text, type=PipelineConfig)
+    except msgspec.ValidationError as exc:
+        message, at, where = str(exc).rpartition(" - at `")
+        if at:
+            raise ConfigError(f"{source}: {_key(where.rstrip('`'))}: {message}") from None
+        raise ConfigError(f"{source}: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    _check(config, source)
+    return config
+
+
+def load_pipeline(path: str | Path) -> PipelineConfig:
+    """Read and check a TOML pipeline config file (see :func:`parse_pipeline`)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    return parse_pipeline(text, source=str(path))
+
+
+def _check(config: PipelineConfig, source: str) -> None:
+    def fail(key: str, message: str) -> None:
+        raise ConfigError(f"{source}: {key}: {message}")
+
+    if not config.stages:
+        fail("stages", "a pipeline needs at least one stage")
+    for index, stage in enumerate(config.stages):
+        key = f"stages[{index}]"
+        if stage.stage_id != index:
+            fail(
+                f"{key}.stage_id",
+                f"stages must be listed in order: expected {index}, got {stage.stage_id}",
+            )
+        for field in ("engine", "custom_process_input_func", "prewarm_func"):
+            value = getattr(stage, field)
+            if value is not None and not _IMPORT_PATH.match(value):
+                fail(f"{key}.{field}", f"{value!r} is not an import path 'package.module:name'")
+        expected = [] if index == 0 else [index - 1]
+        if stage.engine_input_source is not None and stage.engine_input_source != expected:
+            fail(
+                f"{key}.engine_input_source",
+                f"pipelines are linear, so stage {index} reads "
+                f"{'the prompt ([])' if index == 0 else f'stage {index - 1} ([{index - 1}])'}, "
+                f"got {stage.engine_input_source}",
+            )
+        if stage.prewarm_func is not None and (index == 0 or not config.pipeline.async_chunk):
+            fail(
+                f"{key}.prewarm_func",
+                "only stages after the first, in async_chunk mode, are prewarmed",
+            )
+        if stage.custom_process_input_func is not None and index == 0:
+            fail(f"{key}.custom_process_input_func", "stage 0's input is the prompt")
+        runtime = stage.runtime
+        for field in ("heartbeat_interval", "heartbeat_timeout", "startup_timeout"):
+            if not getattr(runtime, field) > 0:
+                fail(f"{key}.runtime.{field}", "must be a positive number of seconds")
+        if runtime.completion_delay < 0:
+            fail(f"{key}.runtime.completion_delay", "must not be negative")
+    if not config.final_stage_ids:
+        fail("stages", "no stage has final_output = true: nothing would reach the user")
+    if config.pipeline.connector == "shm" and not config.pipeline.async_chunk:
+        fail(
+            "pipeline.connector",
+            "the shm connector carries async_chunk streams; "
+            'use connector = "none" with async_chunk = false',
+        )

@@ -1,0 +1,85 @@
+"""A whole pipeline of process stages, from a config."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import attrs
+
+from ..config import PipelineConfig
+from . import _shm
+from ._connector import ShmConnector, open_shm_connector
+from ._stage import ProcessStage, open_process_stage
+
+__all__ = ["ProcessPipeline", "open_process_pipeline"]
+
+
+@attrs.frozen
+class ProcessPipeline:
+    """Running process stages, ready for :func:`omni_trio.open_orchestrator`::
+
+        async with open_process_pipeline(config) as pipeline:
+            async with open_orchestrator(*pipeline.orchestrator_args) as orch:
+                ...
+
+    Attributes:
+      config: What it was started from.
+      stages: One :class:`ProcessStage` per configured stage.
+      prefix: The shared-memory name prefix of every segment of this pipeline.
+      connector: The chunk relay (async_chunk mode with the shm connector), or ``None``.
+    """
+
+    config: PipelineConfig
+    stages: list[ProcessStage]
+    prefix: str
+    connector: ShmConnector | None
+
+    @property
+    def orchestrator_args(self) -> tuple[list[ProcessStage], frozenset[int]]:
+        return self.stages, self.config.final_stage_ids
+
+    @property
+    def orchestrator_kwargs(self) -> dict[str, Any]:
+        """``prewarm_fn=`` or ``forward_fn=``, from the config."""
+        return self.config.orchestrator_functions()
+
+
+@asynccontextmanager
+async def open_process_pipeline(config: PipelineConfig) -> AsyncIterator[ProcessPipeline]:
+    """Start a worker process per stage of ``config`` (and the connector relay).
+
+    Leaving the block stops the workers and sweeps every shared-memory segment the
+    pipeline's prefix names, whatever a dead worker left behind.
+    """
+    prefix = _shm.new_prefix()
+    config.orchestrator_functions()  # fail early on a bad function import path
+    try:
+        async with AsyncExitStack() as stack:
+            connector = None
+            if config.pipeline.async_chunk and config.pipeline.connector == "shm":
+                routes = {s.stage_id - 1: [s.stage_id] for s in config.stages if s.stage_id}
+                connector = await stack.enter_async_context(open_shm_connector(routes))
+            stages = []
+            for stage in config.stages:
+                runtime = stage.runtime
+                process_stage = await stack.enter_async_context(
+                    open_process_stage(
+                        stage.engine,
+                        stage_id=stage.stage_id,
+                        name=stage.label,
+                        engine_args=stage.engine_args,
+                        prefix=prefix,
+                        connector=connector,
+                        heartbeat_interval=runtime.heartbeat_interval,
+                        heartbeat_timeout=runtime.heartbeat_timeout,
+                        startup_timeout=runtime.startup_timeout,
+                        restart=runtime.restart,
+                        completion_delay=runtime.completion_delay,
+                    )
+                )
+                stages.append(process_stage)
+            yield ProcessPipeline(config, stages, prefix, connector)
+    finally:
+        _shm.sweep(prefix)

@@ -1,0 +1,102 @@
+"""Pipeline configs: what loads, and errors that name the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from omni_trio.config import ConfigError, load_pipeline, parse_pipeline
+from omni_trio.demo.runner import template
+
+GOOD = """
+[pipeline]
+name = "tiny"
+async_chunk = true
+
+[[stages]]
+stage_id = 0
+engine = "pkg.mod:make"
+final_output = true
+
+[[stages]]
+stage_id = 1
+engine = "pkg.mod:make"
+engine_input_source = [0]
+prewarm_func = "pkg.mod:warm"
+final_output = true
+final_output_type = "audio"
+[stages.runtime]
+restart = true
+heartbeat_timeout = 3.0
+"""
+
+
+def test_a_good_config():
+    config = parse_pipeline(GOOD)
+    assert config.final_stage_ids == {0, 1}
+    assert config.mode == "async_chunk"
+    assert config.stages[1].runtime.restart
+    assert config.stages[1].final_output_type == "audio"
+    assert config.stages[0].label == "stage0"
+    assert config.with_mode(async_chunk=False).pipeline.connector == "none"
+
+
+def test_the_demo_pipeline_loads_and_builds_its_functions():
+    config = template()
+    assert [s.label for s in config.stages] == ["thinker", "talker", "code2wav"]
+    assert set(config.orchestrator_functions()) == {"prewarm_fn"}
+    forward = config.with_mode(async_chunk=False).orchestrator_functions()["forward_fn"]
+    assert forward(0, ["a ", "b "]) == ["a ", "b "]
+    assert forward(1, [[1, 2], [3]]) == [1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            ("final_output = true", 'final_output = "yes"'),
+            r"stages\[0\]\.final_output: Expected `bool`",
+        ),
+        (
+            ("restart = true", "restart = true\nrestrat = 1"),
+            r"stages\[1\]\.runtime: .*unknown field `restrat`",
+        ),
+        (
+            ('engine = "pkg.mod:make"', 'engine = "make"'),
+            r"stages\[0\]\.engine: 'make' is not an import path",
+        ),
+        (("stage_id = 1", "stage_id = 2"), r"stages\[1\]\.stage_id: .*expected 1, got 2"),
+        (
+            ("engine_input_source = [0]", "engine_input_source = [1]"),
+            r"stages\[1\]\.engine_input_source: .*linear",
+        ),
+        (
+            ('final_output_type = "audio"', 'final_output_type = "video"'),
+            r"stages\[1\]\.final_output_type",
+        ),
+        (
+            ("heartbeat_timeout = 3.0", "heartbeat_timeout = 0"),
+            r"stages\[1\]\.runtime\.heartbeat_timeout: .*positive",
+        ),
+        (
+            ("async_chunk = true", "async_chunk = false"),
+            r"stages\[1\]\.prewarm_func: .*async_chunk",
+        ),
+        (('name = "tiny"', 'name = "tiny"\nconnector = "zmq"'), r"pipeline\.connector"),
+        (("[[stages]]", "[[stage]]"), r"unknown field `stage`"),
+        (("[pipeline]", "[pipeline"), "not valid TOML"),
+    ],
+)
+def test_errors_name_the_key(change, message):
+    old, new = change
+    with pytest.raises(ConfigError, match=message):
+        parse_pipeline(GOOD.replace(old, new, 1), source="p.toml")
+
+
+def test_no_final_stage():
+    with pytest.raises(ConfigError, match="stages: no stage has final_output = true"):
+        parse_pipeline(GOOD.replace("final_output = true", "final_output = false"))
+
+
+def test_a_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read it"):
+        load_pipeline(tmp_path / "nope.toml")
