@@ -1,0 +1,314 @@
+"""Stages in worker processes, the shared-memory connector, and their faults.
+
+Real processes and real time: every test leaves no segment with its pipeline's
+prefix and no worker process behind (checked by ``running``).
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+
+from omni_trio import open_orchestrator
+from omni_trio.config import parse_pipeline
+from omni_trio.process import WorkerStartError, _shm, open_process_pipeline, open_process_stage
+
+STAGE = """
+[[stages]]
+stage_id = {sid}
+engine = "process_engines:{engine}"
+engine_args = {args}
+final_output = {final}
+{extra}
+"""
+
+
+def pipeline_config(*stages, async_chunk=True):
+    """stages: (engine, args, final, extra) per stage."""
+    text = f"""
+[pipeline]
+async_chunk = {str(async_chunk).lower()}
+connector = "{"shm" if async_chunk else "none"}"
+"""
+    for sid, (engine, args, final, extra) in enumerate(stages):
+        text += STAGE.format(
+            sid=sid, engine=engine, args=args, final=str(final).lower(), extra=extra
+        )
+    return parse_pipeline(text)
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def eventually(predicate):
+    """Poll another process's doing (segments unlinked, a worker restarted): it has no
+    event we could wait on. Fails after 10 s."""
+    with trio.fail_after(10):
+        while not predicate():  # noqa: ASYNC110 - the state is in another process
+            await trio.sleep(0.01)
+
+
+@asynccontextmanager
+async def running(config, **orchestrator_kwargs):
+    """A pipeline and an orchestrator over it; afterwards, nothing may be left."""
+    async with open_process_pipeline(config) as pipeline:
+        pids = [stage.pid for stage in pipeline.stages]
+        async with open_orchestrator(
+            *pipeline.orchestrator_args, **pipeline.orchestrator_kwargs, **orchestrator_kwargs
+        ) as orch:
+            yield pipeline, orch
+    assert _shm.listing(pipeline.prefix) == [], "shared memory left behind"
+    assert not any(alive(pid) for pid in pids if pid), "a worker process outlived the block"
+
+
+THREE_STAGES = [
+    ("stream", "{ count = 3 }", True, ""),
+    ("relay", "{}", False, ""),
+    ("relay", "{}", True, ""),
+]
+
+
+async def test_async_chunk_end_to_end():
+    async with running(pipeline_config(*THREE_STAGES)) as (pipeline, orch):
+        async with orch.open_request("hi") as stream:
+            outs = [out async for out in stream]
+        assert [o.data for o in outs if o.stage_id == 0] == ["hi:0:0", "hi:0:1", "hi:0:2", None]
+        assert [o.data for o in outs if o.stage_id == 2] == ["HI:0:0", "HI:0:1", "HI:0:2", None]
+        assert outs[-1].finish_reason == "completed"
+        # The terminal released the request: every stage frees its segments.
+        await eventually(lambda: _shm.listing(pipeline.prefix) == [])
+
+
+async def test_forward_end_to_end():
+    config = pipeline_config(
+        ("stream", "{ count = 2 }", True, ""),
+        ("relay", "{}", False, 'custom_process_input_func = "process_engines:forward_join"'),
+        ("relay", "{}", True, ""),
+        async_chunk=False,
+    )
+    async with running(config) as (_, orch), orch.open_request("yo") as stream:
+        outs = [(o.stage_id, o.data) async for o in stream]
+    # forward: stage 1 got ["yo:0:0", "yo:0:1"] and upper-cased it; so did stage 2.
+    assert outs == [
+        (0, "yo:0:0"),
+        (0, "yo:0:1"),
+        (0, None),
+        (2, "YO:0:0"),
+        (2, "YO:0:1"),
+        (2, None),
+    ]
+
+
+async def test_a_slow_talker_completion_holds_the_terminal_and_the_segments():
+    config = pipeline_config(
+        ("stream", "{ count = 3 }", True, ""),
+        ("relay", "{}", False, "[stages.runtime]\ncompletion_delay = 0.5"),
+        ("relay", "{}", True, ""),
+    )
+    async with running(config) as (pipeline, orch):
+        start = trio.current_time()
+        async with orch.open_request("x") as stream:
+            # code2wav finishes before the talker's (slow) completion report arrives:
+            await eventually(lambda: orch.statistics().pending_final == 1)
+            held = _shm.listing(pipeline.prefix)
+            assert any(name.startswith(f"{pipeline.prefix}-0-") for name in held)
+            assert any(name.startswith(f"{pipeline.prefix}-1-") for name in held)
+            outs = [out async for out in stream]
+        assert trio.current_time() - start >= 0.5
+        assert outs[-1].stage_id == 2
+        assert outs[-1].finish_reason == "completed"
+        await eventually(lambda: _shm.listing(pipeline.prefix) == [])
+
+
+@pytest.mark.parametrize("victim", [0, 1, 2])
+async def test_sigkill_of_a_worker_mid_request(victim, caplog):
+    config = pipeline_config(
+        ("stream", "{ count = 40, delay = 0.02 }", True, ""),
+        ("relay", "{}", False, ""),
+        ("relay", "{}", True, ""),
+    )
+    async with running(config) as (pipeline, orch):
+        async with (
+            orch.open_request("audio", request_id="audio") as audio,
+            orch.open_request("text", request_id="text", final_stage_ids={0}) as text,
+        ):
+            await audio.receive()
+            await eventually(lambda: any(pipeline.prefix in n for n in _shm.listing("")))
+            pipeline.stages[victim].kill()
+            audio_outs = [o async for o in audio]
+            text_outs = [o async for o in text]
+        assert audio_outs[-1].finish_reason == "error"
+        assert audio_outs[-1].stage_id == victim
+        assert audio_outs[-1].error == f"stage {victim} is dead: its outputs channel ended"
+        if victim == 0:  # the text-only request needs stage 0 too
+            assert text_outs[-1].finish_reason == "error"
+        else:  # it does not need the dead stage: unaffected
+            assert text_outs[-1].finish_reason == "completed"
+            assert len([o for o in text_outs if o.data is not None]) == 40
+        assert orch.statistics().stages_alive == tuple(k != victim for k in range(3))
+        # What the dead worker created was swept.
+        assert _shm.listing(f"{pipeline.prefix}-{victim}-") == []
+    assert "SIGKILL" in caplog.text
+
+
+async def test_a_restarted_worker_serves_the_next_requests():
+    config = pipeline_config(
+        ("stream", "{ count = 20, delay = 0.02 }", True, ""),
+        ("relay", "{}", False, "[stages.runtime]\nrestart = true"),
+        ("relay", "{}", True, ""),
+    )
+    async with running(config) as (pipeline, orch):
+        talker = pipeline.stages[1]
+        first_pid = talker.pid
+        async with orch.open_request("a") as stream:
+            await stream.receive()
+            talker.kill()
+            outs = [o async for o in stream]
+        assert outs[-1].finish_reason == "error"
+        assert "was restarted" in outs[-1].error
+        await eventually(lambda: talker.pid is not None and talker.pid != first_pid)
+        assert talker.restarts == 1
+        assert orch.statistics().stages_alive == (True, True, True)
+        async with orch.open_request("b") as stream:
+            outs = [o async for o in stream]
+        assert outs[-1].finish_reason == "completed"
+
+
+async def test_a_worker_that_stops_answering_heartbeats_is_dead():
+    config = pipeline_config(
+        (
+            "blocks_the_loop",
+            "{ seconds = 3.0 }",
+            True,
+            "[stages.runtime]\nheartbeat_interval = 0.1\nheartbeat_timeout = 0.5",
+        ),
+    )
+    async with running(config) as (pipeline, orch):
+        async with orch.open_request("block") as stream:
+            outs = [o async for o in stream]
+        assert outs[-1].finish_reason == "error"
+        assert orch.statistics().stages_alive == (False,)
+        assert pipeline.stages[0].deaths == 1
+
+
+async def test_a_malformed_frame_ends_the_connection(caplog):
+    config = pipeline_config(("corrupts_its_control_stream", "{}", True, ""))
+    async with running(config) as (_, orch):
+        async with orch.open_request("x") as stream:
+            outs = [o async for o in stream]
+        assert outs[-1].finish_reason == "error"
+        assert orch.statistics().stages_alive == (False,)
+    assert "a malformed frame" in caplog.text
+
+
+async def test_abort_mid_stream_frees_the_request_and_spares_the_rest():
+    config = pipeline_config(
+        ("stream", "{ count = 200, delay = 0.005 }", True, ""),
+        ("relay", "{}", False, ""),
+        ("relay", "{}", True, ""),
+    )
+    async with running(config) as (pipeline, orch):
+        async with orch.open_request("long") as stream:
+            for _ in range(3):
+                await stream.receive()
+        # Left early: aborted and released everywhere; the workers drop its chunks.
+        await eventually(lambda: _shm.listing(pipeline.prefix) == [])
+        assert orch.statistics().aborted == 1
+        async with orch.open_request("short", final_stage_ids={0}) as stream:
+            assert [o async for o in stream][-1].finish_reason == "completed"
+
+
+@pytest.mark.parametrize(
+    ("engine", "inputs", "error"),
+    [
+        ("fails", "boom", "stage 0 failed: ValueError: the engine broke"),
+        ("unencodable", "x", "stage 0 failed: TypeError: "),
+    ],
+)
+async def test_engine_failures_end_their_request(engine, inputs, error):
+    config = pipeline_config((engine, "{}", True, ""))
+    async with running(config) as (_, orch):
+        async with orch.open_request(inputs) as stream:
+            outs = [o async for o in stream]
+        assert outs[-1].finish_reason == "error"
+        assert outs[-1].error.startswith(error)
+        assert orch.statistics().stages_alive == (True,)
+
+
+@pytest.mark.parametrize(
+    ("engine", "message"),
+    [
+        ("process_engines:broken_factory", "RuntimeError: no weights found"),
+        ("process_engines:no_such_thing", "AttributeError"),
+        ("no_such_module:factory", "ModuleNotFoundError"),
+    ],
+)
+async def test_an_engine_that_cannot_load_fails_the_stage_start(engine, message):
+    with pytest.raises(WorkerStartError, match=message):
+        async with open_process_stage(engine):
+            pytest.fail("must not start")  # pragma: no cover
+
+
+async def test_unencodable_inputs_fail_the_submit_only():
+    config = pipeline_config(("stream", "{}", True, ""))
+    async with running(config) as (_, orch):
+        await orch.add_request("bad", object())
+        outs = []
+        while not (out := await orch.next_output()).finished:
+            outs.append(out)  # pragma: no cover
+        assert out.error.startswith("stage 0 submit raised TypeError")
+        async with orch.open_request("fine") as stream:
+            assert [o async for o in stream][-1].finish_reason == "completed"
+
+
+def _rss_kb(pid):
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")  # pragma: no cover
+
+
+def _fds(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+async def test_ten_thousand_requests_leave_no_growth():
+    """Bounds: per process, RSS grows < 16 MiB and fds < 4 between request 1,000 and
+    request 10,000; no segment is left once the requests have ended."""
+    config = pipeline_config(
+        ("stream", "{ count = 1 }", True, ""),
+        ("relay", "{}", False, ""),
+        ("relay", "{}", True, ""),
+    )
+
+    async def run(orch, start, count):
+        sent = 0
+        ended = 0
+        while ended < count:
+            while sent < count and sent - ended < 200:
+                await orch.add_request(f"r{start + sent}", "p")
+                sent += 1
+            if (await orch.next_output()).finished:
+                ended += 1
+
+    async with running(config) as (pipeline, orch):
+        pids = [os.getpid()] + [stage.pid for stage in pipeline.stages]
+        await run(orch, 0, 1_000)
+        await eventually(lambda: _shm.listing(pipeline.prefix) == [])
+        before = {pid: (_rss_kb(pid), _fds(pid)) for pid in pids}
+        await run(orch, 1_000, 9_000)
+        await eventually(lambda: _shm.listing(pipeline.prefix) == [])
+        after = {pid: (_rss_kb(pid), _fds(pid)) for pid in pids}
+        for pid in pids:
+            assert after[pid][0] - before[pid][0] < 16 * 1024, (pid, before[pid], after[pid])
+            assert after[pid][1] - before[pid][1] < 4, (pid, before[pid], after[pid])
+        assert orch.statistics().completed == 10_000
