@@ -94,6 +94,6 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def demo(session: nox.Session) -> None:
-    """The main job: stream the seed's example 1 through the orchestrator."""
+    """The main job: ``omni-trio demo`` (a simulated omni pipeline in worker processes)."""
     session.install(".")
-    session.run("python", "examples/seed_example1.py")
+    session.run("omni-trio", "demo", *session.posargs)

@@ -203,6 +203,98 @@ def _print_bench(report: dict[str, Any]) -> None:
         console.print(f"  goal {goal}: {value:.3g}")
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import trio
+
+    from .demo.runner import DemoOptions, results_table, run_demo
+
+    output = Path(args.output)
+    options = DemoOptions.quick(output) if args.quick else DemoOptions(output=output)
+    for name in ("concurrency", "requests", "tokens_per_second", "max_tokens", "codes_per_second"):
+        value = getattr(args, name)
+        if value is not None:
+            setattr(options, name, value)
+    if args.prompt:
+        options.prompts = args.prompt
+    if args.mode:
+        options.modes = args.mode
+    console = Console()
+    console.print(
+        "omni_trio demo: a simulated thinker -> talker -> code2wav pipeline, each stage its "
+        "own worker process; async_chunk streams through shared memory, forward hands each "
+        "stage its predecessor's whole output."
+    )
+    results = trio.run(run_demo, options, console)
+    console.print(results_table(results))
+    console.print(
+        "TTFT: first text token; TTFP: first audio packet; E2E: admission to terminal; "
+        "RTF: E2E / audio duration (mean per request)."
+    )
+    console.print(f"Audio of the first request: {output} (16-bit mono, 24 kHz)")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    import trio
+
+    from .config import ConfigError, load_pipeline
+
+    try:
+        config = load_pipeline(args.pipeline)
+    except ConfigError as exc:
+        print(f"omni-trio run: {exc}", file=sys.stderr)
+        return 2
+    return int(trio.run(_run_one, config, args))
+
+
+async def _run_one(config: Any, args: argparse.Namespace) -> int:
+    import wave
+
+    from . import open_orchestrator
+    from .process import open_process_pipeline
+
+    types = {s.stage_id: s.final_output_type for s in config.stages}
+    audio = bytearray()
+    console = Console()
+    async with (
+        open_process_pipeline(config) as pipeline,
+        open_orchestrator(*pipeline.orchestrator_args, **pipeline.orchestrator_kwargs) as orch,
+        orch.open_request(args.prompt) as stream,
+    ):
+        async for out in stream:
+            if out.data is None or out.finish_reason in ("aborted", "error"):
+                continue
+            if types.get(out.stage_id) == "audio":
+                audio += out.data
+            else:
+                console.out(str(out.data), end="", highlight=False)
+    console.out("")
+    terminal = stream.terminal
+    assert terminal is not None
+    if terminal.finish_reason != "completed":
+        console.print(f"[red]{terminal.finish_reason}: {terminal.error}")
+        return 1
+    metrics = terminal.metrics
+    assert metrics is not None
+    firsts = ", ".join(
+        f"stage {k} first output after {(metrics.time_to_first_output(k) or 0.0) * 1e3:,.0f} ms"
+        for k in sorted(metrics.first_output_times)
+    )
+    console.print(f"completed in {metrics.e2e_latency * 1e3:,.0f} ms; {firsts}")
+    if audio:
+        console.print(f"{len(audio):,} bytes of audio")
+        if args.wav:
+            with wave.open(args.wav, "wb") as wav:
+                wav.setnchannels(1)
+                wav.setsampwidth(2)
+                wav.setframerate(args.sample_rate)
+                wav.writeframes(bytes(audio))
+            console.print(f"written to {args.wav}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="omni-trio",
@@ -234,6 +326,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="print the table of a report saved with --json instead of running",
     )
     bench.set_defaults(run=_bench)
+    demo = commands.add_parser(
+        "demo",
+        help="the main job: a simulated omni pipeline in worker processes, both modes",
+        description="Run a simulated thinker -> talker -> code2wav pipeline (one worker "
+        "process per stage) in async_chunk and forward mode at several concurrencies; "
+        "stream request 0's text, write its audio as a WAV, print TTFT/TTFP/E2E/RTF.",
+    )
+    demo.add_argument("--quick", action="store_true", help="tiny and fast (a smoke run)")
+    demo.add_argument("--mode", action="append", choices=["async_chunk", "forward"])
+    demo.add_argument("--concurrency", type=int, nargs="+", metavar="N")
+    demo.add_argument("--requests", type=int, metavar="N", help="requests per concurrency level")
+    demo.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
+    demo.add_argument("--tokens-per-second", type=float, help="the thinker's rate")
+    demo.add_argument("--max-tokens", type=int, help="the thinker's answer length")
+    demo.add_argument("--codes-per-second", type=float, help="the talker's rate")
+    demo.add_argument("--output", default="omni_trio_demo.wav", help="where the WAV goes")
+    demo.set_defaults(run=_demo)
+    run = commands.add_parser(
+        "run",
+        help="stream one request through a pipeline config (TOML)",
+        description="Start the stages of PIPELINE (a TOML config) as worker processes and "
+        "stream one request: text as it comes, audio counted (and written with --wav).",
+    )
+    run.add_argument("pipeline", metavar="PIPELINE.toml")
+    run.add_argument("--prompt", required=True)
+    run.add_argument("--wav", help="write the audio outputs to this WAV file")
+    run.add_argument("--sample-rate", type=int, default=24_000, help="of the audio (Hz)")
+    run.set_defaults(run=_run)
     args = parser.parse_args(argv)
     args.argv = None if argv is None else " ".join(["omni-trio", *argv])
     status: int = args.run(args)

@@ -1,0 +1,173 @@
+"""A simulated Qwen-Omni style pipeline: thinker -> talker -> code2wav.
+
+Nothing here is a model; everything is deterministic for a given prompt, paced like
+one, and audible. The thinker streams a text answer, the talker turns each text token
+into codec codes, and code2wav turns every 25 codes into a second of PCM audio (each
+code a 40 ms tone on a pentatonic scale, so the result is a little melody).
+
+In async_chunk mode the stages stream to each other through the connector: the
+thinker sends each token downstream as it yields it, the talker sends the codes of
+each token. In forward mode each stage gets its predecessor's collected outputs.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from array import array
+from collections.abc import AsyncIterator
+from typing import Any
+
+import trio
+
+from ..process import ChunkIO, Engine, EngineRequest
+
+__all__ = [
+    "SAMPLE_RATE",
+    "code2wav",
+    "prewarm",
+    "response_tokens",
+    "talker",
+    "talker2code2wav",
+    "thinker",
+    "thinker2talker",
+]
+
+SAMPLE_RATE = 24_000
+FRAME_SECONDS = 0.04  # one codec code
+CODES_PER_CHUNK = 25  # one second of audio per code2wav output
+_SCALE = [0, 2, 4, 7, 9]  # a pentatonic scale: any sequence of codes sounds fine
+_STORY_TEXT = (
+    "The lighthouse keeper counted the waves every night. "
+    "Each wave carried a small song from far away. "
+    "She wrote the songs down and sang them to the ships. "
+    "The ships answered with their horns, low and slow. "
+    "By morning the sea was quiet and the songs were hers."
+)
+_STORY = _STORY_TEXT.split(" ")
+
+
+def response_tokens(prompt: str, count: int) -> list[str]:
+    """The thinker's answer: ``count`` words of a little story, starting at a place
+    that depends on ``prompt`` -- the same answer every time for the same prompt."""
+    start = zlib.crc32(str(prompt).encode()) % len(_STORY)
+    return [_STORY[(start + i) % len(_STORY)] + " " for i in range(count)]
+
+
+def _codes(token: str, per_token: int) -> list[int]:
+    seed = zlib.crc32(token.encode())
+    return [(seed >> (3 * i)) % 15 for i in range(per_token)]
+
+
+def _tone_table() -> list[array[int]]:
+    """One 40 ms PCM frame per code: a sine with a short fade, so frames join cleanly."""
+    frame = int(SAMPLE_RATE * FRAME_SECONDS)
+    fade = frame // 8
+    table = []
+    for code in range(15):
+        step = _SCALE[code % 5] + 12 * (code // 5)
+        freq = 220.0 * 2 ** (step / 12)
+        samples = array("h")
+        for n in range(frame):
+            envelope = min(1.0, n / fade, (frame - n) / fade)
+            samples.append(int(9000 * envelope * math.sin(2 * math.pi * freq * n / SAMPLE_RATE)))
+        table.append(samples)
+    return table
+
+
+# -- the engines (factories, called once in each worker) -----------------------------------
+
+
+def thinker(tokens_per_second: float = 50.0, max_tokens: int = 40) -> Engine:
+    """Stage 0: text tokens at ``tokens_per_second``."""
+
+    async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
+        for token in response_tokens(request.inputs, max_tokens):
+            await trio.sleep(1 / tokens_per_second)
+            if io.connected:
+                await io.send(token.encode())
+            yield token
+
+    return engine
+
+
+def talker(codes_per_second: float = 150.0, codes_per_token: int = 4) -> Engine:
+    """Stage 1: codec codes from text, ``codes_per_token`` per token."""
+
+    async def codes_for(tokens: AsyncIterator[str] | list[str]) -> AsyncIterator[list[int]]:
+        async def each() -> AsyncIterator[str]:
+            if isinstance(tokens, list):
+                for token in tokens:
+                    yield token
+            else:
+                async for token in tokens:
+                    yield token
+
+        async for token in each():
+            codes = _codes(token, codes_per_token)
+            await trio.sleep(len(codes) / codes_per_second)
+            yield codes
+
+    async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
+        if io.connected:  # async_chunk: tokens stream in, codes stream out
+
+            async def tokens() -> AsyncIterator[str]:
+                async for chunk in io:
+                    yield chunk.decode()
+
+            async for codes in codes_for(tokens()):
+                await io.send(array("B", codes).tobytes())
+        else:  # forward: the whole answer is the input
+            async for codes in codes_for(list(request.inputs)):
+                yield codes
+
+    return engine
+
+
+def code2wav(chunk_codes: int = CODES_PER_CHUNK) -> Engine:
+    """Stage 2: PCM audio (16-bit mono, 24 kHz), one output per ``chunk_codes`` codes."""
+    table = _tone_table()
+
+    def render(codes: list[int]) -> bytes:
+        pcm = array("h")
+        for code in codes:
+            pcm.extend(table[code % len(table)])
+        return pcm.tobytes()
+
+    async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
+        pending: list[int] = []
+        if io.connected:
+            async for chunk in io:
+                pending.extend(chunk)
+                while len(pending) >= chunk_codes:
+                    yield render(pending[:chunk_codes])
+                    del pending[:chunk_codes]
+                    await trio.lowlevel.checkpoint()
+        else:
+            pending = list(request.inputs)
+            while len(pending) > chunk_codes:
+                yield render(pending[:chunk_codes])
+                del pending[:chunk_codes]
+                await trio.lowlevel.checkpoint()
+        if pending:
+            yield render(pending)
+
+    return engine
+
+
+# -- the orchestrator's functions ----------------------------------------------------------
+
+
+def prewarm(prompt: Any) -> None:
+    """async_chunk: the talker and code2wav get no input but the stream itself."""
+    return None
+
+
+def thinker2talker(outputs: list[Any]) -> list[str]:
+    """forward: the talker's input is the thinker's whole answer, token by token."""
+    return [str(token) for token in outputs]
+
+
+def talker2code2wav(outputs: list[Any]) -> list[int]:
+    """forward: code2wav's input is every code the talker produced."""
+    return [code for codes in outputs for code in codes]

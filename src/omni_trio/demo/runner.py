@@ -1,0 +1,239 @@
+"""``omni-trio demo``: the simulated omni pipeline, both modes, several concurrencies."""
+
+from __future__ import annotations
+
+import statistics
+import wave
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import attrs
+import msgspec
+import trio
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from .. import open_orchestrator
+from ..config import PipelineConfig, parse_pipeline
+from ..process import open_process_pipeline
+from .engines import SAMPLE_RATE
+
+__all__ = ["DemoOptions", "LevelResult", "run_demo", "template"]
+
+PROMPTS = [
+    "Tell me a story about a lighthouse.",
+    "What does the sea sound like?",
+    "Sing me something short.",
+    "Describe a rainy afternoon.",
+]
+
+
+@attrs.define
+class DemoOptions:
+    modes: list[str] = attrs.field(factory=lambda: ["async_chunk", "forward"])
+    concurrency: list[int] = attrs.field(factory=lambda: [1, 4, 10])
+    requests: int | None = None  # per level; default: 2 x concurrency, at least 3
+    prompts: list[str] = attrs.field(factory=lambda: list(PROMPTS))
+    tokens_per_second: float = 50.0
+    max_tokens: int = 40
+    codes_per_second: float = 150.0
+    output: Path = Path("omni_trio_demo.wav")
+    live: bool = True
+
+    @classmethod
+    def quick(cls, output: Path) -> DemoOptions:
+        """Seconds, not tens of seconds: for tests."""
+        return cls(
+            concurrency=[1, 2],
+            requests=2,
+            tokens_per_second=400.0,
+            max_tokens=10,
+            codes_per_second=2000.0,
+            output=output,
+            live=False,
+        )
+
+
+@attrs.frozen
+class LevelResult:
+    mode: str
+    concurrency: int
+    requests: int
+    ttft: float
+    ttfp: float
+    e2e: float
+    rtf: float
+    audio_seconds: float
+
+
+def template() -> PipelineConfig:
+    text = files("omni_trio.demo").joinpath("pipeline.toml").read_text()
+    return parse_pipeline(text, source="omni_trio/demo/pipeline.toml")
+
+
+def _configure(options: DemoOptions, mode: str) -> PipelineConfig:
+    config = template().with_mode(mode == "async_chunk")
+    thinker, talker, code2wav = config.stages
+    thinker = msgspec.structs.replace(
+        thinker,
+        engine_args={
+            "tokens_per_second": options.tokens_per_second,
+            "max_tokens": options.max_tokens,
+        },
+    )
+    talker = msgspec.structs.replace(
+        talker, engine_args={**talker.engine_args, "codes_per_second": options.codes_per_second}
+    )
+    return msgspec.structs.replace(config, stages=[thinker, talker, code2wav])
+
+
+async def _one(
+    orch: Any,
+    request_id: str,
+    prompt: str,
+    limiter: trio.CapacityLimiter,
+    *,
+    on_text: Any = None,
+    audio: bytearray | None = None,
+) -> tuple[float, float, float, float]:
+    async with limiter, orch.open_request(prompt, request_id=request_id) as stream:
+        pcm_bytes = 0
+        async for out in stream:
+            if out.data is None or out.finish_reason in ("aborted", "error"):
+                continue
+            if out.stage_id == 0 and on_text is not None:
+                on_text(out.data)
+            elif out.stage_id == 2:
+                pcm_bytes += len(out.data)
+                if audio is not None:
+                    audio += out.data
+    terminal = stream.terminal
+    assert terminal is not None
+    assert terminal.metrics is not None
+    if terminal.finish_reason != "completed":
+        raise RuntimeError(f"request {request_id}: {terminal.finish_reason}: {terminal.error}")
+    metrics = terminal.metrics
+    seconds = pcm_bytes / 2 / SAMPLE_RATE
+    return (
+        metrics.time_to_first_output(0) or 0.0,
+        metrics.time_to_first_output(2) or 0.0,
+        metrics.e2e_latency,
+        seconds,
+    )
+
+
+async def run_demo(options: DemoOptions, console: Console) -> list[LevelResult]:
+    """Run every mode at every concurrency; write the first request's audio as a WAV."""
+    results: list[LevelResult] = []
+    audio = bytearray()
+    with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
+        for mode in options.modes:
+            config = _configure(options, mode)
+            async with (
+                open_process_pipeline(config) as pipeline,
+                open_orchestrator(
+                    *pipeline.orchestrator_args, **pipeline.orchestrator_kwargs
+                ) as orch,
+            ):
+                for concurrency in options.concurrency:
+                    level = _Level(orch, options, mode, concurrency, console, progress)
+                    results.append(await level.run(audio if not results else None))
+    if audio:
+        _write_wav(options.output, bytes(audio))
+    return results
+
+
+@attrs.define
+class _Level:
+    """One mode at one concurrency: ``count`` requests, at most ``concurrency`` at once."""
+
+    orch: Any
+    options: DemoOptions
+    mode: str
+    concurrency: int
+    console: Console
+    progress: Progress
+    measured: list[tuple[float, float, float, float]] = attrs.Factory(list)
+
+    async def run(self, audio: bytearray | None) -> LevelResult:
+        count = self.options.requests or max(3, 2 * self.concurrency)
+        task = self.progress.add_task(f"{self.mode}, concurrency {self.concurrency}", total=count)
+        limiter = trio.CapacityLimiter(self.concurrency)
+        async with trio.open_nursery() as nursery:
+            for index in range(count):
+                # The very first request is shown live, and its audio goes to the WAV.
+                nursery.start_soon(
+                    self._request, index, limiter, task, audio if index == 0 else None
+                )
+        self.progress.remove_task(task)
+        return _summarize(self.mode, self.concurrency, self.measured)
+
+    async def _request(
+        self, index: int, limiter: trio.CapacityLimiter, task: Any, audio: bytearray | None
+    ) -> None:
+        prompt = self.options.prompts[index % len(self.options.prompts)]
+        live = audio is not None and self.options.live
+        if live:
+            self.console.print(f"[bold]request 0[/bold] ({self.mode}): {prompt}")
+        result = await _one(
+            self.orch,
+            f"{self.mode}-{self.concurrency}-{index}",
+            prompt,
+            limiter,
+            on_text=_printer(self.console) if live else None,
+            audio=audio,
+        )
+        if live:
+            self.console.out("")
+        self.measured.append(result)
+        self.progress.advance(task)
+
+
+def _printer(console: Console) -> Any:
+    def show(text: str) -> None:
+        console.out(text, end="", highlight=False)
+
+    return show
+
+
+def _summarize(
+    mode: str, concurrency: int, measured: list[tuple[float, float, float, float]]
+) -> LevelResult:
+    ttft, ttfp, e2e, audio = (list(column) for column in zip(*measured, strict=True))
+    return LevelResult(
+        mode=mode,
+        concurrency=concurrency,
+        requests=len(measured),
+        ttft=statistics.fmean(ttft),
+        ttfp=statistics.fmean(ttfp),
+        e2e=statistics.fmean(e2e),
+        rtf=statistics.fmean(t / a for t, a in zip(e2e, audio, strict=True) if a),
+        audio_seconds=statistics.fmean(audio),
+    )
+
+
+def _write_wav(path: Path, pcm: bytes) -> None:
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(SAMPLE_RATE)
+        out.writeframes(pcm)
+
+
+def results_table(results: list[LevelResult]) -> Table:
+    table = Table(title="thinker -> talker -> code2wav, one worker process each")
+    for column in ("mode", "conc.", "reqs", "mean TTFT", "mean TTFP", "mean E2E", "RTF"):
+        table.add_column(column, justify="left" if column == "mode" else "right", no_wrap=True)
+    for r in results:
+        table.add_row(
+            r.mode,
+            str(r.concurrency),
+            str(r.requests),
+            f"{r.ttft * 1e3:,.0f} ms",
+            f"{r.ttfp * 1e3:,.0f} ms",
+            f"{r.e2e * 1e3:,.0f} ms",
+            f"{r.rtf:.3f}",
+        )
+    return table

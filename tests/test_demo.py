@@ -1,0 +1,73 @@
+"""The main job (``omni-trio demo``) and ``omni-trio run``, in quick form."""
+
+from __future__ import annotations
+
+import wave
+from importlib.resources import files
+
+import trio
+from rich.console import Console
+
+from omni_trio._cli import main
+from omni_trio.demo.engines import SAMPLE_RATE, code2wav, response_tokens
+from omni_trio.demo.runner import DemoOptions, run_demo
+from omni_trio.process import EngineRequest
+
+
+def test_the_demo_runs_both_modes_and_writes_a_wav(tmp_path, capsys):
+    output = tmp_path / "demo.wav"
+    assert main(["demo", "--quick", "--output", str(output)]) == 0
+    printed = capsys.readouterr().out
+    assert "async_chunk" in printed
+    assert "forward" in printed
+    assert "mean TTFP" in printed
+    with wave.open(str(output)) as wav:
+        assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, SAMPLE_RATE)
+        # 10 tokens x 4 codes x 40 ms of audio
+        assert wav.getnframes() == 10 * 4 * int(SAMPLE_RATE * 0.04)
+
+
+def test_async_chunk_gets_the_first_audio_out_sooner(tmp_path):
+    options = DemoOptions.quick(tmp_path / "x.wav")
+    options.concurrency = [1]
+    options.requests = 1
+    # A longer answer at a model-like pace: forward waits for all of it, twice.
+    options.tokens_per_second, options.max_tokens, options.codes_per_second = 100.0, 30, 400.0
+    results = trio.run(run_demo, options, Console(quiet=True))
+    by_mode = {r.mode: r for r in results}
+    assert by_mode["async_chunk"].ttfp < by_mode["forward"].ttfp / 3
+    assert by_mode["async_chunk"].audio_seconds == by_mode["forward"].audio_seconds
+
+
+def test_the_audio_is_deterministic_for_a_prompt():
+    tokens = response_tokens("hello", 6)
+    assert tokens == response_tokens("hello", 6)
+    assert tokens != response_tokens("goodbye", 6)
+
+    class NoConnector:
+        connected = False
+
+    async def render(codes):
+        engine = code2wav()
+        return [pcm async for pcm in engine(EngineRequest("r", codes, 2), NoConnector())]
+
+    first = trio.run(render, list(range(30)))
+    assert first == trio.run(render, list(range(30)))
+    assert [len(pcm) for pcm in first] == [25 * 960 * 2, 5 * 960 * 2]  # a second, then the rest
+
+
+def test_run_streams_one_request_through_a_config(tmp_path, capsys):
+    pipeline = str(files("omni_trio.demo").joinpath("pipeline.toml"))
+    wav_path = tmp_path / "run.wav"
+    assert main(["run", pipeline, "--prompt", "Hello", "--wav", str(wav_path)]) == 0
+    printed = capsys.readouterr().out
+    assert response_tokens("Hello", 40)[0].strip() in printed
+    assert "completed in" in printed
+    assert wav_path.stat().st_size > 44
+
+
+def test_run_reports_a_bad_config(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[stages]]\nstage_id = 0\n")
+    assert main(["run", str(bad), "--prompt", "x"]) == 2
+    assert "stages[0]: Object missing required field `engine`" in capsys.readouterr().err
