@@ -138,7 +138,8 @@ class Orchestrator(CoreView):
         """Admit one request; its outputs arrive through :meth:`next_output`.
 
         Args:
-          request_id: Unique among the requests in flight.
+          request_id: Unique among the requests in flight (see "Reusing a request
+              id" in the lifecycle docs).
           prompt: Stage 0's input.
           final_stage_ids: This request's user-facing stages, a subset of the
               pipeline's (``{0}``: text only, stage 0 alone runs). Default: the
