@@ -256,8 +256,8 @@ class OrchestratorCore:
         Raises:
           TypeError, ValueError: not a non-empty subset of the pipeline's final stages.
         """
-        if final_stage_ids is None:
-            return self.final_stage_ids
+        if final_stage_ids is None or final_stage_ids is self.final_stage_ids:
+            return self.final_stage_ids  # (the second: already checked, by the dispatcher)
         finals = validate_final_stage_ids(final_stage_ids, self.num_stages)
         if not finals <= self.final_stage_ids:
             raise ValueError(
@@ -484,22 +484,18 @@ class OrchestratorCore:
         self._abort_stages(st)
         self._end(st, terminal)
 
+    def _live_submitted(self, st: ReqState) -> list[int]:
+        """The stages ``st`` was submitted to that are still alive, in order."""
+        return [sid for sid in sorted(st.submitted) if self.stage_deaths[sid] is None]
+
     def _abort_stages(self, st: ReqState) -> None:
-        self._commands.extend(
-            Abort(sid, st.request_id)
-            for sid in sorted(st.submitted)
-            if self.stage_deaths[sid] is None
-        )
+        self._commands.extend(Abort(sid, st.request_id) for sid in self._live_submitted(st))
 
     def _end(self, st: ReqState, terminal: OrchOutput) -> None:
         """Emit the request's terminal output, with its metrics, and forget the request."""
         if self._requests.get(st.request_id) is st:
             del self._requests[st.request_id]
-        self._commands.extend(
-            Release(sid, st.request_id)
-            for sid in sorted(st.submitted)
-            if self.stage_deaths[sid] is None
-        )
+        self._commands.extend(Release(sid, st.request_id) for sid in self._live_submitted(st))
         st.num_outputs += 1
         if terminal.finish_reason == "completed":
             self.completed += 1

@@ -10,12 +10,13 @@ orchestrator and the asyncio twin differ only in tasks, channels and waiting.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import attrs
 
-from ._core import Command, Mode, OrchestratorCore, Release, Submit
+from ._core import Command, Mode, OrchestratorCore, Release, Submit, describe
 from ._messages import OrchOutput, StageItem
 
 __all__ = [
@@ -32,7 +33,40 @@ __all__ = [
     "Sink",
     "StageDied",
     "SubmitFailed",
+    "check_max_in_flight",
+    "check_stage_methods",
 ]
+
+_logger = logging.getLogger("omni_trio")
+
+#: Messages buffered between the producers (readers, callers) and the handler. A full
+#: inbox makes stage readers wait, which is how a flood of outputs backs up into the
+#: stages instead of into memory.
+INBOX_SIZE = 64
+#: Upper bound on what one task takes from a queue before handing it on, so that one
+#: busy producer cannot hold the others off for long.
+MAX_BATCH = 512
+
+
+def check_max_in_flight(max_in_flight: object) -> None:
+    """Raise ``ValueError`` unless ``max_in_flight`` is a positive ``int`` or ``None``."""
+    if max_in_flight is not None and (
+        not isinstance(max_in_flight, int) or isinstance(max_in_flight, bool) or max_in_flight < 1
+    ):
+        raise ValueError(f"max_in_flight must be a positive int or None, got {max_in_flight!r}")
+
+
+def check_stage_methods(index: int, stage: object) -> None:
+    """Raise ``TypeError`` unless ``stage`` has ``outputs`` and callable ``submit``
+    and ``abort`` (what each driver needs beyond that, it checks itself)."""
+    missing = [name for name in ("outputs", "submit", "abort") if not hasattr(stage, name)]
+    if missing:
+        raise TypeError(
+            f"stages[{index}] ({stage!r}) is not a Stage: it lacks {', '.join(missing)}"
+        )
+    for name in ("submit", "abort"):
+        if not callable(getattr(stage, name)):
+            raise TypeError(f"stages[{index}].{name} must be an async method")
 
 
 @attrs.frozen
@@ -193,6 +227,7 @@ class Dispatcher:
       release_slot: Give an admission slot back (``max_in_flight``), or ``None``.
       wants_release: Per stage, whether it takes ``release()``; ``Release`` commands
           for the others are never queued.
+      logger: Where :meth:`deliver` reports stage methods that raised.
     """
 
     def __init__(
@@ -203,8 +238,10 @@ class Dispatcher:
         results: Sink,
         release_slot: Callable[[], None] | None,
         wants_release: Sequence[bool] = (),
+        logger: logging.Logger = _logger,
     ) -> None:
         self.core = core
+        self._logger = logger
         self._send_command = send_command
         self._results = results
         self._release_slot = release_slot
@@ -324,6 +361,45 @@ class Dispatcher:
             for drain in self._drains:
                 drain.reply()
             self._drains.clear()
+
+    # -- a stage's delivery task -------------------------------------------------------
+
+    async def deliver(
+        self,
+        stage: Any,
+        command: Command,
+        report: Callable[[Message], Awaitable[None]],
+    ) -> None:
+        """Carry out one command on its stage (a delivery task's step, either driver).
+
+        It awaits only the stage's own method and, when a submit raised, ``report``
+        (the driver's way to tell the handler). A submit after the shutdown's aborts
+        went out is skipped; an ``abort`` or ``release`` that raised is logged, since
+        the request has ended anyway.
+        """
+        stage_id = command.stage_id
+        if type(command) is Submit:
+            if self.accepting:
+                try:
+                    await stage.submit(command.request_id, command.inputs)
+                except Exception as exc:
+                    self._logger.debug(
+                        "stage %d: submit(%r) raised: %s",
+                        stage_id,
+                        command.request_id,
+                        describe(exc),
+                        exc_info=True,
+                    )
+                    await report(SubmitFailed(command, exc))
+        else:
+            action = "release" if type(command) is Release else "abort"
+            try:
+                await getattr(stage, action)(command.request_id)
+            except Exception:
+                self._logger.warning(
+                    "stage %d: %s(%r) raised", stage_id, action, command.request_id, exc_info=True
+                )
+        self.undelivered[stage_id] -= 1
 
     def settle(self, leftovers: Iterable[Message]) -> None:
         """The handler is ending: honour what is still queued, end every request.

@@ -26,17 +26,10 @@ from typing import Any, TypeVar
 import trio
 from trio_util import AsyncValue
 
-from ._core import (
-    Command,
-    ForwardFn,
-    OrchestratorCore,
-    PrewarmFn,
-    Release,
-    Submit,
-    check_request_id,
-    describe,
-)
+from ._core import Command, ForwardFn, OrchestratorCore, PrewarmFn, check_request_id, describe
 from ._dispatch import (
+    INBOX_SIZE,
+    MAX_BATCH,
     Abort,
     Admit,
     CoreView,
@@ -47,7 +40,7 @@ from ._dispatch import (
     Outputs,
     Shutdown,
     StageDied,
-    SubmitFailed,
+    check_max_in_flight,
 )
 from ._errors import unwrap_single_exception
 from ._messages import OrchOutput, StageItem
@@ -61,20 +54,12 @@ logger = logging.getLogger("omni_trio")
 
 T = TypeVar("T")
 
-#: Messages buffered between the producers (readers, callers) and the handler. A full
-#: inbox makes stage readers wait, which is how a flood of outputs backs up into the
-#: stages instead of into memory.
-_INBOX_SIZE = 64
-#: Upper bound on what one task takes from a channel before handing it on, so that one
-#: busy producer cannot hold the others off for long.
-_MAX_BATCH = 512
-
 
 async def _receive_batch(channel: trio.MemoryReceiveChannel[T]) -> list[T]:
     """Wait for one item, then take whatever else is ready (one checkpoint in all)."""
     batch = [await channel.receive()]
     try:
-        while len(batch) < _MAX_BATCH:
+        while len(batch) < MAX_BATCH:
             batch.append(channel.receive_nowait())
     except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
         pass  # the next receive() reports an end of channel
@@ -86,13 +71,6 @@ def _closed_error() -> trio.ClosedResourceError:
         "the orchestrator is closed: requests can only be added inside its "
         "'async with open_orchestrator(...)' block"
     )
-
-
-def check_max_in_flight(max_in_flight: object) -> None:
-    if max_in_flight is not None and (
-        not isinstance(max_in_flight, int) or isinstance(max_in_flight, bool) or max_in_flight < 1
-    ):
-        raise ValueError(f"max_in_flight must be a positive int or None, got {max_in_flight!r}")
 
 
 class Orchestrator(CoreView):
@@ -110,7 +88,7 @@ class Orchestrator(CoreView):
         self._stages = tuple(stages)
         self._shutdown_grace = shutdown_grace
         self._closed = False  # no more admissions (set when the block exits)
-        self._inbox_send, self._inbox = trio.open_memory_channel[Message](_INBOX_SIZE)
+        self._inbox_send, self._inbox = trio.open_memory_channel[Message](INBOX_SIZE)
         self._results = Outbox()
         self._command_channels = [trio.open_memory_channel[Command](math.inf) for _ in self._stages]
         self._admission = None if max_in_flight is None else trio.Semaphore(max_in_flight)
@@ -323,7 +301,6 @@ class Orchestrator(CoreView):
                 for sid, stage in enumerate(self._stages):
                     nursery.start_soon(
                         self._deliver,
-                        sid,
                         stage,
                         self._command_channels[sid][1],
                         name=f"omni_trio stage {sid} delivery",
@@ -392,10 +369,8 @@ class Orchestrator(CoreView):
         logger.warning("stage %d is dead: %s", stage_id, reason)
         await self._report(StageDied(stage_id, reason))
 
-    async def _deliver(
-        self, stage_id: int, stage: Stage, commands: trio.MemoryReceiveChannel[Command]
-    ) -> None:
-        """Call stage ``stage_id``'s submit/abort, one at a time, in decided order.
+    async def _deliver(self, stage: Stage, commands: trio.MemoryReceiveChannel[Command]) -> None:
+        """Call one stage's submit/abort/release, one at a time, in decided order.
 
         One such task per stage keeps a stage whose ``submit`` blocks from delaying
         anyone else: the handler only queues commands here.
@@ -407,32 +382,11 @@ class Orchestrator(CoreView):
                 except trio.EndOfChannel:
                     return  # shutdown: everything queued was delivered
                 for command in batch:
-                    await self._deliver_one(stage_id, stage, command)
-                    self._dispatch.undelivered[stage_id] -= 1
+                    await self._dispatch.deliver(stage, command, self._report)
         finally:
             self._deliveries_left -= 1
             if not self._deliveries_left:
                 self._deliveries_done.set()
-
-    async def _deliver_one(self, stage_id: int, stage: Stage, command: Command) -> None:
-        if type(command) is Submit:
-            if not self._dispatch.accepting:
-                return  # shutting down: the request is being aborted
-            try:
-                await stage.submit(command.request_id, command.inputs)
-            except Exception as exc:
-                logger.debug(
-                    "stage %d: submit(%r) raised", stage_id, command.request_id, exc_info=True
-                )
-                await self._report(SubmitFailed(command, exc))
-        else:
-            action = "release" if type(command) is Release else "abort"
-            try:
-                await getattr(stage, action)(command.request_id)
-            except Exception:
-                logger.warning(
-                    "stage %d: %s(%r) raised", stage_id, action, command.request_id, exc_info=True
-                )
 
     async def _report(self, message: Message) -> None:
         with contextlib.suppress(trio.BrokenResourceError):  # shutting down: the request

@@ -6,6 +6,7 @@ from typing import Any, Protocol
 
 import trio
 
+from ._dispatch import check_stage_methods
 from ._messages import StageItem
 
 __all__ = ["Stage", "check_stage"]
@@ -51,17 +52,10 @@ class Stage(Protocol):
 
 def check_stage(index: int, stage: object) -> Stage:
     """Return ``stage`` if it looks like a :class:`Stage`, else raise ``TypeError``."""
-    missing = [name for name in ("outputs", "submit", "abort") if not hasattr(stage, name)]
-    if missing:
-        raise TypeError(
-            f"stages[{index}] ({stage!r}) is not a Stage: it lacks {', '.join(missing)}"
-        )
+    check_stage_methods(index, stage)
     outputs = stage.outputs  # type: ignore[attr-defined]
     if not isinstance(outputs, trio.abc.ReceiveChannel):
         raise TypeError(
             f"stages[{index}].outputs must be a trio.abc.ReceiveChannel, got {outputs!r}"
         )
-    for name in ("submit", "abort"):
-        if not callable(getattr(stage, name)):
-            raise TypeError(f"stages[{index}].{name} must be an async method")
     return stage  # type: ignore[return-value]

@@ -14,13 +14,14 @@ from typing import Any
 import trio
 import trio.testing
 
-from ._messages import OrchOutput, StageItem, StageOutput
+from ._messages import OrchOutput, StageItem
 from ._orchestrator import Orchestrator
+from ._scripted import ScriptedStageBase
 
 __all__ = ["ScriptedStage", "collect_outputs"]
 
 
-class ScriptedStage:
+class ScriptedStage(ScriptedStageBase):
     """A :class:`~omni_trio.Stage` driven by the test.
 
     Args:
@@ -42,58 +43,14 @@ class ScriptedStage:
         on_submit: Callable[[str, Any], Awaitable[None]] | None = None,
         on_abort: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
-        self.submissions: list[tuple[str, Any]] = []
-        self.aborts: list[str] = []
-        self.releases: list[str] = []
-        self._on_submit = on_submit
-        self._on_abort = on_abort
+        super().__init__(on_submit=on_submit, on_abort=on_abort)
         self._send, self.outputs = trio.open_memory_channel[StageItem](math.inf)
 
-    async def submit(self, request_id: str, inputs: Any) -> None:
-        self.submissions.append((request_id, inputs))
-        if self._on_submit is not None:
-            await self._on_submit(request_id, inputs)
+    def _put(self, item: StageItem) -> None:
+        self._send.send_nowait(item)
+
+    async def _checkpoint(self) -> None:
         await trio.lowlevel.checkpoint()
-
-    async def abort(self, request_id: str) -> None:
-        self.aborts.append(request_id)
-        if self._on_abort is not None:
-            await self._on_abort(request_id)
-        await trio.lowlevel.checkpoint()
-
-    async def release(self, request_id: str) -> None:
-        self.releases.append(request_id)
-        await trio.lowlevel.checkpoint()
-
-    async def emit(
-        self,
-        request_id: str,
-        data: Any = None,
-        finished: bool = False,
-        error: str | None = None,
-    ) -> None:
-        """Put ``StageOutput(request_id, data, finished, error)`` on :attr:`outputs`."""
-        self.emit_nowait(request_id, data, finished, error)
-        await trio.lowlevel.checkpoint()
-
-    def emit_nowait(
-        self,
-        request_id: str,
-        data: Any = None,
-        finished: bool = False,
-        error: str | None = None,
-    ) -> None:
-        """Like :meth:`emit`, without a checkpoint (to emit several in one batch)."""
-        self._send.send_nowait(StageOutput(request_id, data, finished, error))
-
-    def emit_batch(self, outputs: list[StageOutput]) -> None:
-        """Put several outputs on :attr:`outputs` as one item, as a stage that got them
-        in one frame would (see :data:`omni_trio.StageItem`)."""
-        self._send.send_nowait(list(outputs))
-
-    def submitted_ids(self) -> list[str]:
-        """The request ids of :attr:`submissions`, in order."""
-        return [request_id for request_id, _ in self.submissions]
 
     def close(self) -> None:
         """End :attr:`outputs`, as a stage whose engine went away would."""

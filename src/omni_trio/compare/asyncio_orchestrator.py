@@ -25,17 +25,10 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Protocol, TypeVar
 
-from .._core import (
-    Command,
-    ForwardFn,
-    OrchestratorCore,
-    PrewarmFn,
-    Release,
-    Submit,
-    check_request_id,
-    describe,
-)
+from .._core import Command, ForwardFn, OrchestratorCore, PrewarmFn, check_request_id, describe
 from .._dispatch import (
+    INBOX_SIZE,
+    MAX_BATCH,
     Abort,
     Admit,
     CoreView,
@@ -46,11 +39,11 @@ from .._dispatch import (
     Outputs,
     Shutdown,
     StageDied,
-    SubmitFailed,
+    check_max_in_flight,
+    check_stage_methods,
 )
 from .._errors import unwrap_single_exception
 from .._messages import OrchOutput, StageOutput
-from .._orchestrator import check_max_in_flight
 
 if sys.version_info >= (3, 11):
     from asyncio import TaskGroup, timeout, timeout_at
@@ -73,9 +66,6 @@ __all__ = [
 logger = logging.getLogger("omni_trio.compare")
 
 T = TypeVar("T")
-
-_INBOX_SIZE = 64  # as in the Trio orchestrator
-_MAX_BATCH = 512
 
 END_OF_OUTPUTS: Any = type("EndOfOutputs", (), {"__repr__": lambda self: "END_OF_OUTPUTS"})()
 """Put on a stage's ``outputs`` queue to say the stage is gone (its outputs ended)."""
@@ -107,11 +97,7 @@ class AsyncioStage(Protocol):
 
 
 def _check_stage(index: int, stage: object) -> AsyncioStage:
-    missing = [name for name in ("outputs", "submit", "abort") if not hasattr(stage, name)]
-    if missing:
-        raise TypeError(
-            f"stages[{index}] ({stage!r}) is not a Stage: it lacks {', '.join(missing)}"
-        )
+    check_stage_methods(index, stage)
     outputs = stage.outputs  # type: ignore[attr-defined]
     if not isinstance(outputs, asyncio.Queue) and not hasattr(outputs, "__anext__"):
         raise TypeError(
@@ -132,7 +118,7 @@ async def _get_batch(queue: asyncio.Queue[T]) -> list[T]:
     """Wait for one item, then take whatever else is ready."""
     batch = [await queue.get()]
     try:
-        while len(batch) < _MAX_BATCH:
+        while len(batch) < MAX_BATCH:
             batch.append(queue.get_nowait())
     except asyncio.QueueEmpty:
         pass
@@ -226,7 +212,7 @@ class AsyncioOrchestrator(CoreView):
         self._stages = tuple(stages)
         self._shutdown_grace = shutdown_grace
         self._closed = False
-        self._inbox: asyncio.Queue[Message] = asyncio.Queue(_INBOX_SIZE)
+        self._inbox: asyncio.Queue[Message] = asyncio.Queue(INBOX_SIZE)
         self._results = _Outbox()
         self._commands: list[asyncio.Queue[Command | None]] = [
             asyncio.Queue() for _ in self._stages
@@ -238,6 +224,7 @@ class AsyncioOrchestrator(CoreView):
             results=self._results,
             release_slot=None if self._admission is None else self._admission.release,
             wants_release=[callable(getattr(s, "release", None)) for s in self._stages],
+            logger=logger,
         )
         self._draining = 0
         self._drain_over = asyncio.Event()
@@ -424,28 +411,7 @@ class AsyncioOrchestrator(CoreView):
             for command in await _get_batch(queue):
                 if command is None:
                     return  # shutdown: everything queued before it was delivered
-                await self._deliver_one(stage_id, stage, command)
-                self._dispatch.undelivered[stage_id] -= 1
-
-    async def _deliver_one(self, stage_id: int, stage: AsyncioStage, command: Command) -> None:
-        if type(command) is Submit:
-            if not self._dispatch.accepting:
-                return
-            try:
-                await stage.submit(command.request_id, command.inputs)
-            except Exception as exc:
-                logger.debug(
-                    "stage %d: submit(%r) raised", stage_id, command.request_id, exc_info=True
-                )
-                await self._send(SubmitFailed(command, exc))
-        else:
-            action = "release" if type(command) is Release else "abort"
-            try:
-                await getattr(stage, action)(command.request_id)
-            except Exception:
-                logger.warning(
-                    "stage %d: %s(%r) raised", stage_id, action, command.request_id, exc_info=True
-                )
+                await self._dispatch.deliver(stage, command, self._send)
 
     async def _shutdown(self) -> None:
         self._closed = True

@@ -14,7 +14,8 @@ import selectors
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from .._messages import OrchOutput, StageOutput
+from .._messages import OrchOutput, StageItem
+from .._scripted import ScriptedStageBase
 from .asyncio_orchestrator import END_OF_OUTPUTS, AsyncioOrchestrator, EndOfOutputs
 
 __all__ = [
@@ -28,8 +29,9 @@ __all__ = [
 T = TypeVar("T")
 
 
-class AsyncioScriptedStage:
-    """The asyncio twin of :class:`omni_trio.testing.ScriptedStage`."""
+class AsyncioScriptedStage(ScriptedStageBase):
+    """The asyncio twin of :class:`omni_trio.testing.ScriptedStage`: the same calls
+    are recorded, and :attr:`outputs` is an ``asyncio.Queue``."""
 
     def __init__(
         self,
@@ -37,46 +39,14 @@ class AsyncioScriptedStage:
         on_submit: Callable[[str, Any], Awaitable[None]] | None = None,
         on_abort: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
-        self.submissions: list[tuple[str, Any]] = []
-        self.aborts: list[str] = []
-        self.releases: list[str] = []
-        self._on_submit = on_submit
-        self._on_abort = on_abort
+        super().__init__(on_submit=on_submit, on_abort=on_abort)
         self.outputs: asyncio.Queue[Any] = asyncio.Queue()
 
-    async def submit(self, request_id: str, inputs: Any) -> None:
-        self.submissions.append((request_id, inputs))
-        if self._on_submit is not None:
-            await self._on_submit(request_id, inputs)
+    def _put(self, item: StageItem) -> None:
+        self.outputs.put_nowait(item)
+
+    async def _checkpoint(self) -> None:
         await asyncio.sleep(0)
-
-    async def abort(self, request_id: str) -> None:
-        self.aborts.append(request_id)
-        if self._on_abort is not None:
-            await self._on_abort(request_id)
-        await asyncio.sleep(0)
-
-    async def release(self, request_id: str) -> None:
-        self.releases.append(request_id)
-        await asyncio.sleep(0)
-
-    async def emit(
-        self, request_id: str, data: Any = None, finished: bool = False, error: str | None = None
-    ) -> None:
-        self.emit_nowait(request_id, data, finished, error)
-        await asyncio.sleep(0)
-
-    def emit_nowait(
-        self, request_id: str, data: Any = None, finished: bool = False, error: str | None = None
-    ) -> None:
-        self.outputs.put_nowait(StageOutput(request_id, data, finished, error))
-
-    def emit_batch(self, outputs: list[StageOutput]) -> None:
-        """Put several outputs on :attr:`outputs` as one item."""
-        self.outputs.put_nowait(list(outputs))
-
-    def submitted_ids(self) -> list[str]:
-        return [request_id for request_id, _ in self.submissions]
 
     def close(self) -> None:
         """End :attr:`outputs`, as a stage whose engine went away would."""

@@ -1,0 +1,94 @@
+"""What the Trio and asyncio scripted stages share: recording calls, emitting outputs.
+
+Framework-neutral: a subclass supplies the outputs queue (``_put``), the checkpoint
+each call ends with (``_checkpoint``) and ``close``. See
+:class:`omni_trio.testing.ScriptedStage` and
+:class:`omni_trio.compare.asyncio_testing.AsyncioScriptedStage`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ._messages import StageItem, StageOutput
+
+__all__ = ["ScriptedStageBase"]
+
+
+class ScriptedStageBase:
+    """A stage driven by the test: it records every call and emits what it is told."""
+
+    def __init__(
+        self,
+        *,
+        on_submit: Callable[[str, Any], Awaitable[None]] | None = None,
+        on_abort: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        self.submissions: list[tuple[str, Any]] = []
+        self.aborts: list[str] = []
+        self.releases: list[str] = []
+        self._on_submit = on_submit
+        self._on_abort = on_abort
+
+    # -- what a framework's subclass supplies ----------------------------------------
+
+    def _put(self, item: StageItem) -> None:
+        raise NotImplementedError
+
+    async def _checkpoint(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """End :attr:`outputs`, as a stage whose engine went away would."""
+        raise NotImplementedError
+
+    # -- the Stage protocol ------------------------------------------------------------
+
+    async def submit(self, request_id: str, inputs: Any) -> None:
+        self.submissions.append((request_id, inputs))
+        if self._on_submit is not None:
+            await self._on_submit(request_id, inputs)
+        await self._checkpoint()
+
+    async def abort(self, request_id: str) -> None:
+        self.aborts.append(request_id)
+        if self._on_abort is not None:
+            await self._on_abort(request_id)
+        await self._checkpoint()
+
+    async def release(self, request_id: str) -> None:
+        self.releases.append(request_id)
+        await self._checkpoint()
+
+    # -- what the test does --------------------------------------------------------------
+
+    async def emit(
+        self,
+        request_id: str,
+        data: Any = None,
+        finished: bool = False,
+        error: str | None = None,
+    ) -> None:
+        """Put ``StageOutput(request_id, data, finished, error)`` on :attr:`outputs`."""
+        self.emit_nowait(request_id, data, finished, error)
+        await self._checkpoint()
+
+    def emit_nowait(
+        self,
+        request_id: str,
+        data: Any = None,
+        finished: bool = False,
+        error: str | None = None,
+    ) -> None:
+        """Like :meth:`emit`, without a checkpoint (to emit several in one batch)."""
+        self._put(StageOutput(request_id, data, finished, error))
+
+    def emit_batch(self, outputs: list[StageOutput]) -> None:
+        """Put several outputs on :attr:`outputs` as one item, as a stage that got them
+        in one frame would (see :data:`omni_trio.StageItem`)."""
+        self._put(list(outputs))
+
+    def submitted_ids(self) -> list[str]:
+        """The request ids of :attr:`submissions`, in order."""
+        return [request_id for request_id, _ in self.submissions]
