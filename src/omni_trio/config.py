@@ -33,6 +33,7 @@ An invalid config raises :class:`ConfigError` naming the key, e.g.
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -45,6 +46,7 @@ __all__ = [
     "PipelineSection",
     "Runtime",
     "StageConfig",
+    "import_object",
     "load_pipeline",
     "parse_pipeline",
 ]
@@ -108,8 +110,6 @@ class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, f
     def orchestrator_functions(self) -> dict[str, Any]:
         """``prewarm_fn`` (async_chunk) or ``forward_fn`` (forward mode) for
         :func:`omni_trio.open_orchestrator`, built from the stages' functions."""
-        from .process.worker import import_object
-
         if self.pipeline.async_chunk:
             prewarm = {
                 s.stage_id: import_object(s.prewarm_func) for s in self.stages if s.prewarm_func
@@ -139,6 +139,17 @@ class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, f
             self.pipeline, async_chunk=async_chunk, connector=connector
         )
         return msgspec.structs.replace(self, pipeline=section)
+
+
+def import_object(path: str) -> Any:
+    """``"package.module:name"`` -> the object (``name`` may be dotted)."""
+    module_name, sep, attr_path = path.partition(":")
+    if not sep or not module_name or not attr_path:
+        raise ValueError(f"{path!r} is not an import path of the form 'package.module:name'")
+    target: Any = importlib.import_module(module_name)
+    for attr in attr_path.split("."):
+        target = getattr(target, attr)
+    return target
 
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")

@@ -286,8 +286,9 @@ class ProcessStage:
                 try:
                     while True:
                         items: list[StageOutput] = []
-                        for frame in await worker.reader.receive():
-                            self._last_heard = trio.current_time()
+                        frames = await worker.reader.receive()
+                        self._last_heard = trio.current_time()
+                        for frame in frames:
                             kind = type(frame)
                             if kind is Output:
                                 items.append(
@@ -361,7 +362,7 @@ class ProcessStage:
         if worker.connector is not None:
             worker.connector.close()
 
-    async def _close(self) -> None:
+    def _close(self) -> None:
         self._closing = True
         if self._kill_now is not None:
             self._kill_now.set()
@@ -440,5 +441,4 @@ async def open_process_stage(
             try:
                 yield stage
             finally:
-                with trio.CancelScope(shield=True):
-                    await stage._close()
+                stage._close()  # the worker stops, shielded, within shutdown_grace

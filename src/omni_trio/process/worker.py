@@ -12,7 +12,6 @@ themselves are in shared memory.
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 import os
 import socket
@@ -23,6 +22,7 @@ from typing import Any
 import trio
 
 from .._core import describe
+from ..config import import_object
 from . import _shm
 from ._engine import Engine, EngineRequest
 from ._wire import (
@@ -46,18 +46,11 @@ from ._wire import (
     encode,
 )
 
-__all__ = ["import_object", "main"]
+__all__ = ["main"]
 
 
-def import_object(path: str) -> Any:
-    """``"package.module:name"`` -> the object (``name`` may be dotted)."""
-    module_name, sep, attr_path = path.partition(":")
-    if not sep or not module_name or not attr_path:
-        raise ValueError(f"{path!r} is not an import path of the form 'package.module:name'")
-    target: Any = importlib.import_module(module_name)
-    for attr in attr_path.split("."):
-        target = getattr(target, attr)
-    return target
+#: How many released request ids a worker remembers (see ``_Worker.released``).
+_REMEMBER_RELEASED = 4096
 
 
 class _Request:
@@ -87,12 +80,14 @@ class _ChunkIO:
         worker, request = self._worker, self._request
         if worker.chunks is None:
             raise RuntimeError("this stage has no connector: chunks need async_chunk mode")
+        # Checkpoint first: an engine resumed after its request was aborted and
+        # released must stop here, before it creates a segment nobody would free.
+        await trio.lowlevel.checkpoint()
         name = f"{worker.init.prefix}-{worker.init.stage_id}-{request.number}-{request.sent}"
         request.sent += 1
         size = _shm.create(name, chunk)
         request.segments.append(name)
         worker.chunks.send_nowait(encode(Chunk(self._request_id, name, size)))
-        await trio.lowlevel.checkpoint()
 
     def end(self) -> None:
         if self._worker.chunks is not None:
@@ -122,6 +117,9 @@ class _Worker:
         self.control = control
         self.chunks = chunks
         self.requests: dict[str, _Request] = {}
+        #: Recently released ids, oldest first: chunks that trail their request's
+        #: release are dropped instead of starting a request that never ends.
+        self.released: dict[str, None] = {}
         self._numbers = 0
 
     def _request(self, request_id: str) -> _Request:
@@ -135,6 +133,7 @@ class _Worker:
     def handle(self, message: Any, nursery: trio.Nursery) -> bool:
         """Apply one control message; ``False`` means shut down."""
         if type(message) is Submit:
+            self.released.pop(message.request_id, None)  # the id's next life
             request = self._request(message.request_id)
             nursery.start_soon(self._run, message.request_id, message.inputs, request)
         elif type(message) is Abort:
@@ -153,9 +152,13 @@ class _Worker:
 
     def on_chunks(self, chunks: list[Chunk]) -> None:
         for chunk in chunks:
-            self._request(chunk.request_id).inbox_send.send_nowait(chunk)
+            if chunk.request_id not in self.released:
+                self._request(chunk.request_id).inbox_send.send_nowait(chunk)
 
     def release(self, request_id: str) -> None:
+        self.released[request_id] = None
+        if len(self.released) > _REMEMBER_RELEASED:
+            del self.released[next(iter(self.released))]
         request = self.requests.pop(request_id, None)
         if request is not None:
             request.scope.cancel()
@@ -192,7 +195,7 @@ async def _serve(control_socket: socket.socket, connector_socket: socket.socket 
         chunks = FrameWriter(connector)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(writer.run)
-        [init] = (await reader.receive())[:1]
+        init, *early = await reader.receive()
         if type(init) is not Init:
             writer.send_nowait(encode(Fatal(f"expected Init first, got {type(init).__name__}")))
             writer.close()
@@ -211,12 +214,12 @@ async def _serve(control_socket: socket.socket, connector_socket: socket.socket 
             nursery.start_soon(_read_chunks, connector, worker)
         writer.send_nowait(encode(Ready(os.getpid())))
         try:
-            running = True
-            while running:
-                for message in await reader.receive():
-                    running = worker.handle(message, nursery)
-                    if not running:
-                        break
+            messages = early  # whatever came in the same read as Init
+            while True:
+                for message in messages:
+                    if not worker.handle(message, nursery):
+                        return  # Shutdown
+                messages = await reader.receive()
         except EOFError:
             pass  # the orchestrator went away
         finally:
