@@ -250,9 +250,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def _run_one(config: Any, args: argparse.Namespace) -> int:
-    import wave
-
     from . import open_orchestrator
+    from .demo.runner import write_wav
     from .process import open_process_pipeline
 
     types = {s.stage_id: s.final_output_type for s in config.stages}
@@ -286,11 +285,7 @@ async def _run_one(config: Any, args: argparse.Namespace) -> int:
     if audio:
         console.print(f"{len(audio):,} bytes of audio")
         if args.wav:
-            with wave.open(args.wav, "wb") as wav:
-                wav.setnchannels(1)
-                wav.setsampwidth(2)
-                wav.setframerate(args.sample_rate)
-                wav.writeframes(bytes(audio))
+            write_wav(args.wav, bytes(audio), args.sample_rate)
             console.print(f"written to {args.wav}")
     return 0
 

@@ -20,7 +20,7 @@ from ..config import PipelineConfig, parse_pipeline
 from ..process import open_process_pipeline
 from .engines import SAMPLE_RATE
 
-__all__ = ["DemoOptions", "LevelResult", "run_demo", "template"]
+__all__ = ["DemoOptions", "LevelResult", "run_demo", "template", "write_wav"]
 
 PROMPTS = [
     "Tell me a story about a lighthouse.",
@@ -141,7 +141,7 @@ async def run_demo(options: DemoOptions, console: Console) -> list[LevelResult]:
                     level = _Level(orch, options, mode, concurrency, console, progress)
                     results.append(await level.run(audio if not results else None))
     if audio:
-        _write_wav(options.output, bytes(audio))
+        write_wav(options.output, bytes(audio))
     return results
 
 
@@ -214,11 +214,12 @@ def _summarize(
     )
 
 
-def _write_wav(path: Path, pcm: bytes) -> None:
+def write_wav(path: str | Path, pcm: bytes, sample_rate: int = SAMPLE_RATE) -> None:
+    """Write 16-bit mono PCM as a WAV file."""
     with wave.open(str(path), "wb") as out:
         out.setnchannels(1)
         out.setsampwidth(2)
-        out.setframerate(SAMPLE_RATE)
+        out.setframerate(sample_rate)
         out.writeframes(pcm)
 
 
