@@ -86,3 +86,22 @@ def broken_factory():
 
 def forward_join(outputs):
     return outputs
+
+
+def slow_to_load(seconds: float = 5.0):
+    time.sleep(seconds)
+    return stream()
+
+
+def exits_while_loading(code: int = 3):
+    os._exit(code)
+
+
+def exits(code: int = 3):
+    """Exits the whole worker mid-request, as a crashing native library would."""
+
+    async def engine(request, io):
+        yield "before"
+        os._exit(code)
+
+    return engine

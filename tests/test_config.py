@@ -82,6 +82,25 @@ def test_the_demo_pipeline_loads_and_builds_its_functions():
             r"stages\[1\]\.prewarm_func: .*async_chunk",
         ),
         (('name = "tiny"', 'name = "tiny"\nconnector = "zmq"'), r"pipeline\.connector"),
+        (
+            ("async_chunk = true", 'async_chunk = true\nconnector = "none"'),
+            r"pipeline\.connector: ",
+        ),
+        (
+            ('engine = "pkg.mod:make"', 'engine = "pkg.mod:make"\nprewarm_func = "pkg.mod:w"'),
+            r"stages\[0\]\.prewarm_func: only stages after the first",
+        ),
+        (
+            (
+                'engine = "pkg.mod:make"',
+                'engine = "pkg.mod:make"\ncustom_process_input_func = "a:b"',
+            ),
+            r"stages\[0\]\.custom_process_input_func: stage 0's input is the prompt",
+        ),
+        (
+            ("heartbeat_timeout = 3.0", "completion_delay = -1.0"),
+            r"stages\[1\]\.runtime\.completion_delay: must not be negative",
+        ),
         (("[[stages]]", "[[stage]]"), r"unknown field `stage`"),
         (("[pipeline]", "[pipeline"), "not valid TOML"),
     ],
@@ -100,3 +119,27 @@ def test_no_final_stage():
 def test_a_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="cannot read it"):
         load_pipeline(tmp_path / "nope.toml")
+
+
+def test_no_stages():
+    with pytest.raises(ConfigError, match="stages: a pipeline needs at least one stage"):
+        parse_pipeline("stages = []")
+
+
+def test_a_function_that_cannot_be_imported_is_named_by_its_key():
+    config = parse_pipeline(GOOD.replace("pkg.mod:warm", "no_such_module_here:warm"))
+    with pytest.raises(
+        ConfigError,
+        match=r"stages\[1\]\.prewarm_func: cannot import 'no_such_module_here:warm': "
+        "ModuleNotFoundError",
+    ):
+        config.orchestrator_functions()
+
+
+def test_the_shm_connector_needs_async_chunk():
+    text = GOOD.replace('prewarm_func = "pkg.mod:warm"\n', "")
+    text = text.replace("async_chunk = true", 'async_chunk = false\nconnector = "shm"')
+    with pytest.raises(ConfigError, match=r"pipeline\.connector: the shm connector carries"):
+        parse_pipeline(text)
+    forward = parse_pipeline(text.replace('"shm"', '"none"'))
+    assert forward.mode == "forward"

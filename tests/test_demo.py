@@ -71,3 +71,54 @@ def test_run_reports_a_bad_config(tmp_path, capsys):
     bad.write_text("[[stages]]\nstage_id = 0\n")
     assert main(["run", str(bad), "--prompt", "x"]) == 2
     assert "stages[0]: Object missing required field `engine`" in capsys.readouterr().err
+
+
+def test_the_demo_options_reach_the_run(tmp_path, capsys):
+    output = tmp_path / "one.wav"
+    argv = ["demo", "--quick", "--mode", "forward", "--concurrency", "1", "--requests", "1"]
+    argv += ["--prompt", "hi", "--max-tokens", "5", "--tokens-per-second", "500"]
+    argv += ["--codes-per-second", "3000", "--output", str(output)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "async_chunk" not in printed.split("mean TTFT")[1]  # one mode's rows only
+    with wave.open(str(output)) as wav:
+        assert wav.getnframes() == 5 * 4 * int(SAMPLE_RATE * 0.04)  # 5 tokens' audio
+
+
+def test_the_first_request_streams_its_text_live(tmp_path):
+    options = DemoOptions.quick(tmp_path / "x.wav")
+    options.modes, options.concurrency, options.requests = ["async_chunk"], [1], 1
+    options.prompts, options.live = ["Hello"], True
+    console = Console(record=True, width=200)
+    trio.run(run_demo, options, console)
+    shown = console.export_text()
+    assert "request 0 (async_chunk): Hello" in shown
+    assert "".join(response_tokens("Hello", options.max_tokens)).strip() in shown
+
+
+def test_run_fails_cleanly_when_a_stage_cannot_start(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[stages]]\nstage_id = 0\nengine = "no_such_module:f"\nfinal_output = true\n')
+    assert main(["run", str(bad), "--prompt", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("omni-trio run: stage 0 (stage0): cannot load engine")
+    assert "ModuleNotFoundError" in err
+
+
+def test_run_exits_1_when_the_request_fails(tmp_path, capsys):
+    config = tmp_path / "failing.toml"
+    config.write_text(
+        '[pipeline]\nasync_chunk = false\nconnector = "none"\n'
+        '[[stages]]\nstage_id = 0\nengine = "process_engines:fails"\nfinal_output = true\n'
+    )
+    assert main(["run", str(config), "--prompt", "boom"]) == 1
+    assert "error: stage 0 failed: ValueError: the engine broke" in capsys.readouterr().out
+
+
+def test_run_writes_the_sample_rate_it_is_given(tmp_path):
+    pipeline = str(files("omni_trio.demo").joinpath("pipeline.toml"))
+    wav_path = tmp_path / "run.wav"
+    argv = ["run", pipeline, "--prompt", "Hi", "--wav", str(wav_path), "--sample-rate", "16000"]
+    assert main(argv) == 0
+    with wave.open(str(wav_path)) as wav:
+        assert wav.getframerate() == 16000

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import trio
 import trio.testing
@@ -13,6 +15,18 @@ from omni_trio.testing import ScriptedStage, collect_outputs
 
 def pipeline(n=3, **kwargs):
     return [ScriptedStage(**kwargs) for _ in range(n)]
+
+
+class NotAChannel(ScriptedStage):
+    """A stage whose outputs are a list, not a channel."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outputs = []  # type: ignore[assignment]
+
+
+class NotCallable(ScriptedStage):
+    submit = None  # type: ignore[assignment]
 
 
 class TestBadInput:
@@ -41,6 +55,34 @@ class TestBadInput:
                 {"prewarm_fn": warm},
                 TypeError,
                 r"stages\[1\] .* lacks outputs, submit, abort",
+            ),
+            (
+                ([NotAChannel()], {0}),
+                {"prewarm_fn": warm},
+                TypeError,
+                r"stages\[0\]\.outputs must be a trio\.abc\.ReceiveChannel",
+            ),
+            (
+                ([NotCallable()], {0}),
+                {"prewarm_fn": warm},
+                TypeError,
+                r"stages\[0\]\.submit must be an async method",
+            ),
+            ((pipeline(), {0}), {"prewarm_fn": warm, "max_in_flight": 0}, ValueError, "max_in"),
+            ((pipeline(), {0}), {"prewarm_fn": warm, "max_in_flight": True}, ValueError, "max"),
+            ((pipeline(), {0}), {"prewarm_fn": warm, "max_in_flight": 1.5}, ValueError, "max"),
+            ((pipeline(), {0}), {"prewarm_fn": warm, "shutdown_grace": -1}, ValueError, "grace"),
+            (
+                (pipeline(), {0}),
+                {"prewarm_fn": warm, "shutdown_grace": math.nan},
+                ValueError,
+                "shutdown_grace must be a number of seconds >= 0, got nan",
+            ),
+            (
+                (pipeline(), {0}),
+                {"prewarm_fn": warm, "stage_idle_timeout": 0},
+                ValueError,
+                "stage_idle_timeout must be a positive number",
             ),
         ],
     )

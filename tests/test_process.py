@@ -257,6 +257,48 @@ async def test_an_engine_that_cannot_load_fails_the_stage_start(engine, message)
             pytest.fail("must not start")  # pragma: no cover
 
 
+@pytest.mark.parametrize(
+    ("engine", "args", "message"),
+    [
+        ("slow_to_load", {"seconds": 5.0}, "did not answer within 0.5 s"),
+        ("exits_while_loading", {}, "the worker did not start: EOFError"),
+    ],
+)
+async def test_a_worker_that_never_gets_ready_fails_the_stage_start(engine, args, message):
+    with trio.fail_after(4), pytest.raises(WorkerStartError, match=message):
+        async with open_process_stage(
+            f"process_engines:{engine}", engine_args=args, startup_timeout=0.5
+        ):
+            pytest.fail("must not start")  # pragma: no cover
+
+
+@pytest.mark.parametrize("async_chunk", [True, False])
+async def test_a_pipeline_raises_bare_errors(async_chunk):
+    """No ExceptionGroup from the pipeline's nurseries: a stage that cannot start, or
+    the block's own error, comes out as itself in either mode."""
+    stages = [("stream", "{}", True, ""), ("relay", "{}", True, "")]
+    config = pipeline_config(*stages, async_chunk=async_chunk)
+    broken = pipeline_config(stages[0], ("broken_factory", "{}", True, ""), async_chunk=async_chunk)
+    with pytest.raises(WorkerStartError, match="no weights found"):
+        async with open_process_pipeline(broken):
+            pytest.fail("must not start")  # pragma: no cover
+    with pytest.raises(KeyError, match="mine"):
+        async with running(config):
+            raise KeyError("mine")
+
+
+async def test_a_worker_that_exits_fails_its_requests_with_its_exit_status(caplog):
+    config = pipeline_config(("exits", "{ code = 3 }", True, ""))
+    async with running(config) as (pipeline, orch):
+        async with orch.open_request("p") as stream:
+            outs = [o async for o in stream]
+        assert outs[-1].error == "stage 0 is dead: its outputs channel ended"
+        assert pipeline.stages[0].pid is None
+        with pytest.raises(trio.BrokenResourceError, match="has no worker"):
+            await pipeline.stages[0].submit("late", "p")
+    assert "it exited with status 3" in caplog.text
+
+
 async def test_unencodable_inputs_fail_the_submit_only():
     config = pipeline_config(("stream", "{}", True, ""))
     async with running(config) as (_, orch):

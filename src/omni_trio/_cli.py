@@ -240,13 +240,13 @@ def _run(args: argparse.Namespace) -> int:
     import trio
 
     from .config import ConfigError, load_pipeline
+    from .process import WorkerStartError
 
     try:
-        config = load_pipeline(args.pipeline)
-    except ConfigError as exc:
+        return int(trio.run(_run_one, load_pipeline(args.pipeline), args))
+    except (ConfigError, WorkerStartError) as exc:  # the pipeline could not start
         print(f"omni-trio run: {exc}", file=sys.stderr)
         return 2
-    return int(trio.run(_run_one, config, args))
 
 
 async def _run_one(config: Any, args: argparse.Namespace) -> int:

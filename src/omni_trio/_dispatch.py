@@ -34,6 +34,7 @@ __all__ = [
     "StageDied",
     "SubmitFailed",
     "check_max_in_flight",
+    "check_shutdown_grace",
     "check_stage_methods",
 ]
 
@@ -54,6 +55,16 @@ def check_max_in_flight(max_in_flight: object) -> None:
         not isinstance(max_in_flight, int) or isinstance(max_in_flight, bool) or max_in_flight < 1
     ):
         raise ValueError(f"max_in_flight must be a positive int or None, got {max_in_flight!r}")
+
+
+def check_shutdown_grace(shutdown_grace: object) -> None:
+    """Raise ``ValueError`` unless ``shutdown_grace`` is a number of seconds >= 0."""
+    if (
+        not isinstance(shutdown_grace, (int, float))
+        or isinstance(shutdown_grace, bool)
+        or not shutdown_grace >= 0  # also NaN
+    ):
+        raise ValueError(f"shutdown_grace must be a number of seconds >= 0, got {shutdown_grace!r}")
 
 
 def check_stage_methods(index: int, stage: object) -> None:

@@ -41,6 +41,7 @@ from ._dispatch import (
     Shutdown,
     StageDied,
     check_max_in_flight,
+    check_shutdown_grace,
 )
 from ._errors import unwrap_single_exception
 from ._messages import OrchOutput, StageItem
@@ -444,8 +445,9 @@ async def open_orchestrator(
 
     Raises:
       ValueError: no stages, both or neither of ``forward_fn`` and ``prewarm_fn``,
-          ``final_stage_ids`` empty or naming a stage that does not exist, or a
-          non-positive ``stage_idle_timeout``/``max_in_flight``.
+          ``final_stage_ids`` empty or naming a stage that does not exist, a
+          non-positive ``stage_idle_timeout``/``max_in_flight``, or a negative
+          ``shutdown_grace``.
       TypeError: a stage lacks ``outputs``/``submit``/``abort``, or a function is not
           callable.
     """
@@ -458,6 +460,7 @@ async def open_orchestrator(
         stage_idle_timeout=stage_idle_timeout,
     )
     check_max_in_flight(max_in_flight)
+    check_shutdown_grace(shutdown_grace)
     orchestrator = Orchestrator(
         core, stage_list, max_in_flight=max_in_flight, shutdown_grace=shutdown_grace
     )

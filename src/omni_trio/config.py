@@ -109,10 +109,16 @@ class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, f
 
     def orchestrator_functions(self) -> dict[str, Any]:
         """``prewarm_fn`` (async_chunk) or ``forward_fn`` (forward mode) for
-        :func:`omni_trio.open_orchestrator`, built from the stages' functions."""
+        :func:`omni_trio.open_orchestrator`, built from the stages' functions.
+
+        Raises:
+          ConfigError: a function's import path cannot be imported (named by key).
+        """
         if self.pipeline.async_chunk:
             prewarm = {
-                s.stage_id: import_object(s.prewarm_func) for s in self.stages if s.prewarm_func
+                s.stage_id: _import(f"stages[{s.stage_id}].prewarm_func", s.prewarm_func)
+                for s in self.stages
+                if s.prewarm_func
             }
 
             def prewarm_fn(stage_id: int, prompt: Any) -> Any:
@@ -121,7 +127,9 @@ class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, f
 
             return {"prewarm_fn": prewarm_fn}
         process = {
-            s.stage_id: import_object(s.custom_process_input_func)
+            s.stage_id: _import(
+                f"stages[{s.stage_id}].custom_process_input_func", s.custom_process_input_func
+            )
             for s in self.stages
             if s.custom_process_input_func
         }
@@ -150,6 +158,13 @@ def import_object(path: str) -> Any:
     for attr in attr_path.split("."):
         target = getattr(target, attr)
     return target
+
+
+def _import(key: str, path: str) -> Any:
+    try:
+        return import_object(path)
+    except Exception as exc:
+        raise ConfigError(f"{key}: cannot import {path!r}: {type(exc).__name__}: {exc}") from None
 
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -230,6 +245,11 @@ def _check(config: PipelineConfig, source: str) -> None:
             fail(f"{key}.runtime.completion_delay", "must not be negative")
     if not config.final_stage_ids:
         fail("stages", "no stage has final_output = true: nothing would reach the user")
+    if config.pipeline.async_chunk and config.pipeline.connector == "none":
+        fail(
+            "pipeline.connector",
+            'async_chunk stages stream to each other through a connector; use connector = "shm"',
+        )
     if config.pipeline.connector == "shm" and not config.pipeline.async_chunk:
         fail(
             "pipeline.connector",

@@ -40,6 +40,7 @@ from .._dispatch import (
     Shutdown,
     StageDied,
     check_max_in_flight,
+    check_shutdown_grace,
     check_stage_methods,
 )
 from .._errors import unwrap_single_exception
@@ -452,6 +453,7 @@ async def open_asyncio_orchestrator(
         stage_idle_timeout=stage_idle_timeout,
     )
     check_max_in_flight(max_in_flight)
+    check_shutdown_grace(shutdown_grace)
     orchestrator = AsyncioOrchestrator(
         core, stage_list, max_in_flight=max_in_flight, shutdown_grace=shutdown_grace
     )

@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 
 import trio
 
+from .._errors import unwrap_single_exception
 from ._wire import DECODE_CHUNK, FrameReader, FrameWriter, ProtocolError, encode
 
 __all__ = ["ShmConnector", "open_shm_connector"]
@@ -93,11 +94,12 @@ async def _write(writer: FrameWriter) -> None:
 @asynccontextmanager
 async def open_shm_connector(routes: Mapping[int, Sequence[int]]) -> AsyncIterator[ShmConnector]:
     """Run a connector relay for the block; ``routes`` maps a stage to its readers."""
-    async with trio.open_nursery() as nursery:
-        connector = ShmConnector(routes, nursery)
-        try:
-            yield connector
-        finally:
-            for stage_id in list(connector._scopes):
-                connector.detach(stage_id)
-            nursery.cancel_scope.cancel()
+    with unwrap_single_exception():
+        async with trio.open_nursery() as nursery:
+            connector = ShmConnector(routes, nursery)
+            try:
+                yield connector
+            finally:
+                for stage_id in list(connector._scopes):
+                    connector.detach(stage_id)
+                nursery.cancel_scope.cancel()
