@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +49,20 @@ def test_bench_quick_smoke(capsys):
         assert 0 < result["latency"]["p50"] <= result["latency"]["p99"] <= result["latency"]["max"]
         assert result["memory_per_request"] > 0
     assert "latency p99 <= 1 ms" in report["goals"]
+
+
+def test_compare_exits_1_when_an_outcome_is_not_the_documented_one(capsys, monkeypatch):
+    import omni_trio.compare.scenarios as scenarios
+
+    monkeypatch.setattr(scenarios, "expected_verdicts", lambda key: ("nothing", "nothing"))
+    assert main(["compare", "-k", "put"]) == 1
+    assert "Not as documented in docs/cancellation.md: cancelled-put" in capsys.readouterr().out
+
+
+def test_bench_from_prints_the_saved_report(capsys):
+    saved = Path(__file__).parent.parent / "docs" / "results" / "bench-python3.11.json"
+    assert main(["bench", "--from", str(saved)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("$ omni-trio bench --json\nPython 3.11.7;")
+    assert "1,026k" in out  # the asyncio twin's scenario 1, as docs/performance.md shows
+    assert "goal latency p99 <= 1 ms: 0.421" in out

@@ -419,6 +419,40 @@ class TestDrain:
         async with orchestrated(pipeline()) as orch:
             with trio.fail_after(1):
                 await orch.drain()
+        with trio.fail_after(1):
+            await orch.drain()  # after the block, too: nothing can be in flight
+
+    @pytest.mark.parametrize("waiting_for", ["max_in_flight", "drain"])
+    async def test_admissions_still_waiting_when_the_block_exits_are_refused(
+        self, waiting_for, autojump_clock
+    ):
+        """They were never admitted, so they get no terminal: ClosedResourceError,
+        their ids and slots given back."""
+        stages = pipeline(1)
+        errors = []
+
+        async def admit(orch, rid):
+            try:
+                await orch.add_request(rid, "p")
+            except trio.ClosedResourceError as exc:
+                errors.append((rid, str(exc)))
+
+        async with (
+            trio.open_nursery() as outside,
+            orchestrated(stages, finals=(0,), max_in_flight=1) as orch,
+        ):
+            await orch.add_request("a", "p")
+            if waiting_for == "drain":
+                outside.start_soon(orch.drain)
+                await trio.testing.wait_all_tasks_blocked()
+            outside.start_soon(admit, orch, "b")
+            await trio.testing.wait_all_tasks_blocked()
+            assert orch.statistics().admissions_waiting == 1
+        assert [rid for rid, _ in errors] == ["b"]
+        assert "the orchestrator is closed" in errors[0][1]
+        assert orch.statistics().admissions_waiting == 0
+        assert orch.statistics().admitted == 1
+        assert stages[0].submitted_ids() == ["a"]
 
 
 class TestMetrics:

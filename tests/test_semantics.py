@@ -284,3 +284,46 @@ class TestIsolation:
             assert orch.statistics().commands_queued == (0, 2, 0)
         # The stuck submit holds the shutdown for its grace period, no longer.
         assert fw.now() == 5.0
+
+
+@both
+async def test_a_stage_without_release_is_never_asked_to(fw, caplog):
+    class NoRelease(fw.ScriptedStage):
+        release = None  # not a method: the stage takes no release
+
+    stage = NoRelease()
+    async with fw.open_orchestrator([stage], {0}, prewarm_fn=warm) as orch:
+        await orch.add_request("r", "p")
+        await fw.settle()
+        await stage.emit("r", "x", finished=True)
+        assert view(await fw.collect_outputs(orch)) == [(0, "x", True)]
+        assert orch.statistics().commands_queued == (0,)
+    assert stage.releases == []
+    assert "raised" not in caplog.text
+
+
+@both
+async def test_abort_and_release_that_raise_are_logged_and_the_rest_goes_on(fw, caplog):
+    async def refuse(request_id):
+        raise OSError("the engine is gone")
+
+    class BadRelease(fw.ScriptedStage):
+        async def release(self, request_id):
+            await super().release(request_id)
+            raise RuntimeError("cannot free")
+
+    stage = BadRelease(on_abort=refuse)
+    async with fw.open_orchestrator([stage], {0}, prewarm_fn=warm) as orch:
+        await orch.add_request("r", "p")
+        await orch.abort("r")
+        await fw.settle()
+        assert view(await fw.collect_outputs(orch)) == [(0, None, True)]
+        await orch.add_request("next", "p")
+        await fw.settle()
+        await stage.emit("next", "ok", finished=True)
+        assert view(await fw.collect_outputs(orch)) == [(0, "ok", True)]
+        assert orch.statistics().commands_queued == (0,)
+    assert stage.aborts == ["r"]
+    assert stage.releases == ["r", "next"]
+    assert "stage 0: abort('r') raised" in caplog.text
+    assert "stage 0: release('next') raised" in caplog.text
