@@ -97,7 +97,8 @@ class OrchestratorStatistics:
           reading it failed).
       streams_open: In-flight requests read through :meth:`Orchestrator.open_request`.
       outputs_ready: Outputs waiting to be taken with :meth:`Orchestrator.next_output`.
-      commands_queued: Per stage, submits and aborts decided but not yet delivered.
+      commands_queued: Per stage, submits, aborts and releases decided but not yet
+          delivered.
       admissions_waiting: Callers waiting for ``max_in_flight`` room or a drain.
     """
 

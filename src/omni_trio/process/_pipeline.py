@@ -21,7 +21,9 @@ class ProcessPipeline:
     """Running process stages, ready for :func:`omni_trio.open_orchestrator`::
 
         async with open_process_pipeline(config) as pipeline:
-            async with open_orchestrator(*pipeline.orchestrator_args) as orch:
+            async with open_orchestrator(
+                *pipeline.orchestrator_args, **pipeline.orchestrator_kwargs
+            ) as orch:
                 ...
 
     Attributes:
