@@ -26,7 +26,7 @@ import attrs
 from hypothesis import strategies as st
 
 from omni_trio import OrchOutput, StageOutput
-from omni_trio._core import OrchestratorCore, Release, Submit
+from omni_trio._core import OrchestratorCore, StageRelease, StageSubmit
 
 
 @attrs.frozen
@@ -88,9 +88,9 @@ class CoreHarness:
 
     async def settle(self) -> list[OrchOutput]:
         for command in self.core.take_commands():
-            if isinstance(command, Submit):
+            if isinstance(command, StageSubmit):
                 self.submitted.add((command.request_id, command.stage_id))
-            elif isinstance(command, Release):
+            elif isinstance(command, StageRelease):
                 self.releases[command.stage_id].append(command.request_id)
         return self.core.take_outputs()
 

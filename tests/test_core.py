@@ -6,7 +6,7 @@ import pytest
 
 from helpers import join_forward, view, warm
 from omni_trio import OrchOutput, StageOutput
-from omni_trio._core import Abort, OrchestratorCore, Release, Submit
+from omni_trio._core import OrchestratorCore, StageAbort, StageRelease, StageSubmit
 
 # These tests must not need an event loop; pytest-trio's trio_mode would otherwise
 # run async tests, and there are none here.
@@ -14,7 +14,9 @@ from omni_trio._core import Abort, OrchestratorCore, Release, Submit
 
 def ended_early(request_id, stages):
     """The commands of an early end: abort, then release, to each submitted stage."""
-    return [Abort(k, request_id) for k in stages] + [Release(k, request_id) for k in stages]
+    return [StageAbort(k, request_id) for k in stages] + [
+        StageRelease(k, request_id) for k in stages
+    ]
 
 
 def chunk_core(final=(0, 2), stages=3):
@@ -32,9 +34,9 @@ class TestAdmission:
         core.add_request("r1", "hi there")
         assert core.state("r1").submitted == {0, 1, 2}
         assert core.take_commands() == [
-            Submit(0, "r1", "hi there", 1),
-            Submit(1, "r1", "warm1:8", 1),
-            Submit(2, "r1", "warm2:8", 1),
+            StageSubmit(0, "r1", "hi there", 1),
+            StageSubmit(1, "r1", "warm1:8", 1),
+            StageSubmit(2, "r1", "warm2:8", 1),
         ]
         assert core.take_commands() == []  # taken once
 
@@ -46,7 +48,7 @@ class TestAdmission:
     def test_forward_submits_stage_zero_only(self):
         core = OrchestratorCore(3, {0, 2}, forward_fn=join_forward)
         core.add_request("r", "p")
-        assert core.take_commands() == [Submit(0, "r", "p", 1)]
+        assert core.take_commands() == [StageSubmit(0, "r", "p", 1)]
         assert core.state("r").submitted == {0}
 
     def test_duplicate_in_flight_id_is_refused_and_submits_nothing(self):
@@ -63,7 +65,7 @@ class TestAdmission:
         core.add_request("r", "p")
         feed(core, 0, "r", "x", finished=True)
         core.add_request("r", "q")
-        assert core.take_commands()[-1] == Submit(0, "r", "q", 2)
+        assert core.take_commands()[-1] == StageSubmit(0, "r", "q", 2)
 
 
 class TestSeedExamples:
@@ -82,7 +84,11 @@ class TestSeedExamples:
         assert core.take_commands() == []  # nothing may be freed: the talker still works
         core.receive_output(1, StageOutput("r1", None, True))
         assert core.take_outputs() == [held]  # sent unchanged
-        assert core.take_commands() == [Release(0, "r1"), Release(1, "r1"), Release(2, "r1")]
+        assert core.take_commands() == [
+            StageRelease(0, "r1"),
+            StageRelease(1, "r1"),
+            StageRelease(2, "r1"),
+        ]
         assert "r1" not in core
         assert feed(core, 2, "r1", "wav:EXTRA") == []
         assert core.dropped_outputs == 1
@@ -169,20 +175,24 @@ class TestForward:
     def test_end_to_end(self):
         core = OrchestratorCore(3, {0, 2}, forward_fn=join_forward)
         core.add_request("r", "prompt")
-        assert core.take_commands() == [Submit(0, "r", "prompt", 1)]
+        assert core.take_commands() == [StageSubmit(0, "r", "prompt", 1)]
         assert feed(core, 0, "r", "hi") == [(0, "hi", False)]
         assert feed(core, 0, "r", None) == [(0, None, False)]
         assert feed(core, 0, "r", "there", True) == [(0, "there", False)]
         # A final stage's outputs stream to the user and are also collected.
-        assert core.take_commands() == [Submit(1, "r", "from0:hi|there", 1)]
+        assert core.take_commands() == [StageSubmit(1, "r", "from0:hi|there", 1)]
         assert feed(core, 1, "r", "a") == []
         assert feed(core, 1, "r", "b", True) == []
-        assert core.take_commands() == [Submit(2, "r", "from1:a|b", 1)]
+        assert core.take_commands() == [StageSubmit(2, "r", "from1:a|b", 1)]
         assert feed(core, 2, "r", "w1") == [(2, "w1", False)]
         assert feed(core, 2, "r", "w2", True) == [(2, "w2", True)]
         assert core.in_flight == 0
         # With the terminal, every stage may free what it holds for the request.
-        assert core.take_commands() == [Release(0, "r"), Release(1, "r"), Release(2, "r")]
+        assert core.take_commands() == [
+            StageRelease(0, "r"),
+            StageRelease(1, "r"),
+            StageRelease(2, "r"),
+        ]
 
     def test_output_before_forward_is_dropped(self):
         core = OrchestratorCore(2, {1}, forward_fn=join_forward)

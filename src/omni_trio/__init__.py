@@ -1,29 +1,30 @@
 """omni_trio: a Trio control plane for multi-stage streaming model pipelines."""
 
-from ._dispatch import OrchestratorStatistics
-from ._messages import FinishReason, OrchOutput, RequestMetrics, StageItem, StageOutput
-from ._orchestrator import Orchestrator, open_orchestrator
-from ._stage import Stage
-from ._stream import RequestStream
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "FinishReason",
-    "OrchOutput",
-    "Orchestrator",
-    "OrchestratorStatistics",
-    "RequestMetrics",
-    "RequestStream",
-    "Stage",
-    "StageItem",
-    "StageOutput",
-    "open_orchestrator",
-]
+from ._util import lazy_exports
+
+if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
+    from ._driver import OrchestratorStatistics as OrchestratorStatistics
+    from ._messages import FinishReason as FinishReason
+    from ._messages import OrchOutput as OrchOutput
+    from ._messages import RequestMetrics as RequestMetrics
+    from ._messages import StageItem as StageItem
+    from ._messages import StageOutput as StageOutput
+    from ._orchestrator import Orchestrator as Orchestrator
+    from ._orchestrator import open_orchestrator as open_orchestrator
+    from ._stage import Stage as Stage
+    from ._stream import RequestStream as RequestStream
+
+_EXPORTS = {
+    "._driver": ["OrchestratorStatistics"],
+    "._messages": ["FinishReason", "OrchOutput", "RequestMetrics", "StageItem", "StageOutput"],
+    "._orchestrator": ["Orchestrator", "open_orchestrator"],
+    "._stage": ["Stage"],
+    "._stream": ["RequestStream"],
+}
+__all__ = sorted(name for names in _EXPORTS.values() for name in names)
+# Imported on first use, so that a stage worker, which needs none of it, loads none.
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __version__ = "0.1.0.dev0"
-
-# Public names report the public module, so reprs and docs say omni_trio.X.
-for _name in __all__:
-    _obj = globals()[_name]
-    if getattr(_obj, "__module__", "").startswith("omni_trio._"):
-        _obj.__module__ = __name__
-del _name, _obj

@@ -20,18 +20,20 @@ from typing import Any, Literal, TypeAlias
 
 import attrs
 
+from ._checks import check_seconds
 from ._messages import OrchOutput, RequestMetrics, StageOutput
+from ._util import describe
 
 __all__ = [
-    "Abort",
-    "Command",
     "ForwardFn",
     "Mode",
     "OrchestratorCore",
     "PrewarmFn",
-    "Release",
     "ReqState",
-    "Submit",
+    "StageAbort",
+    "StageCommand",
+    "StageRelease",
+    "StageSubmit",
 ]
 
 logger = logging.getLogger("omni_trio")
@@ -44,7 +46,7 @@ ForwardFn: TypeAlias = Callable[[int, list[Any]], Any]
 
 
 @attrs.frozen
-class Submit:
+class StageSubmit:
     """Command: call ``stages[stage_id].submit(request_id, inputs)``."""
 
     stage_id: int
@@ -55,7 +57,7 @@ class Submit:
 
 
 @attrs.frozen
-class Abort:
+class StageAbort:
     """Command: call ``stages[stage_id].abort(request_id)``."""
 
     stage_id: int
@@ -63,17 +65,18 @@ class Abort:
 
 
 @attrs.frozen
-class Release:
+class StageRelease:
     """Command: the request has its terminal; ``stages[stage_id]`` may free what it
     holds for it (shared-memory chunks, bindings). Sent to every live stage the
-    request was submitted to, after its terminal and after any ``Abort``: never while
+    request was submitted to, after its terminal and after any :class:`StageAbort`: never while
     a submitted stage has not reported completion, unless the request ended early."""
 
     stage_id: int
     request_id: str
 
 
-Command: TypeAlias = Submit | Abort | Release
+StageCommand: TypeAlias = StageSubmit | StageAbort | StageRelease
+"""What the core tells a driver to do to one stage (see :meth:`OrchestratorCore.take_commands`)."""
 
 
 @attrs.define(eq=False)
@@ -109,18 +112,6 @@ class ReqState:
     first_output: dict[int, float] = attrs.field(factory=dict)
     finish_times: dict[int, float] = attrs.field(factory=dict)
     num_outputs: int = 0
-
-
-def describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def check_request_id(request_id: object) -> str:
-    """Return ``request_id`` if it is a ``str``, else raise ``TypeError``."""
-    if not isinstance(request_id, str):
-        raise TypeError(f"request_id must be a str, got {type(request_id).__name__} {request_id!r}")
-    return request_id
 
 
 def validate_final_stage_ids(final_stage_ids: Iterable[int], num_stages: int) -> frozenset[int]:
@@ -179,11 +170,7 @@ class OrchestratorCore:
         for name, fn in (("forward_fn", forward_fn), ("prewarm_fn", prewarm_fn)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be callable, got {fn!r}")
-        if stage_idle_timeout is not None and not stage_idle_timeout > 0:
-            raise ValueError(
-                f"stage_idle_timeout must be a positive number of seconds or None, "
-                f"got {stage_idle_timeout!r}"
-            )
+        check_seconds("stage_idle_timeout", stage_idle_timeout, positive=True, optional=True)
         self.num_stages = num_stages
         self.final_stage_ids = validate_final_stage_ids(final_stage_ids, num_stages)
         self.last_stage = max(self.final_stage_ids)
@@ -197,7 +184,7 @@ class OrchestratorCore:
         self._prewarm_fn = prewarm_fn
         self._requests: dict[str, ReqState] = {}
         self._outputs: list[OrchOutput] = []
-        self._commands: list[Command] = []
+        self._commands: list[StageCommand] = []
         self._timers: list[tuple[float, int, int, str]] = []  # (deadline, seq, stage, id)
         self._seq = 0
         #: Totals since creation.
@@ -214,12 +201,12 @@ class OrchestratorCore:
         outputs, self._outputs = self._outputs, []
         return outputs
 
-    def take_commands(self) -> list[Command]:
+    def take_commands(self) -> list[StageCommand]:
         """Return and forget the stage commands, in the order they were decided.
 
         A driver must deliver the commands of one stage in this order (a request's
-        ``Abort`` always follows its ``Submit``); commands of different stages are
-        independent.
+        ``StageAbort`` always follows its ``StageSubmit``); commands of different stages
+        are independent.
         """
         commands, self._commands = self._commands, []
         return commands
@@ -367,7 +354,7 @@ class OrchestratorCore:
         if forwards and output.finished:
             self._forward(st, stage_id)
 
-    def submit_failed(self, command: Submit, exc: BaseException) -> None:
+    def submit_failed(self, command: StageSubmit, exc: BaseException) -> None:
         """``stages[command.stage_id].submit(...)`` raised ``exc``: end that request."""
         st = self._requests.get(command.request_id)
         if st is None or st.seq != command.seq:
@@ -420,8 +407,8 @@ class OrchestratorCore:
     def abort(self, request_id: str) -> bool:
         """End ``request_id`` now; a no-op (returning ``False``) if it is not in flight.
 
-        Every live stage submitted for the request gets an ``Abort``. The user gets
-        one ``"aborted"`` terminal -- unless every final stage had already finished and
+        Every live stage submitted for the request gets a :class:`StageAbort`. The user
+        gets one ``"aborted"`` terminal -- unless every final stage had already finished and
         the terminal was only held for a straggler: then the held ``"completed"``
         terminal (which carries the last final data) is released instead.
         """
@@ -444,7 +431,7 @@ class OrchestratorCore:
 
     def _submit(self, st: ReqState, stage_id: int, stage_input: Any) -> None:
         st.submitted.add(stage_id)
-        self._commands.append(Submit(stage_id, st.request_id, stage_input, st.seq))
+        self._commands.append(StageSubmit(stage_id, st.request_id, stage_input, st.seq))
         if self.stage_idle_timeout is not None:
             st.last_heard[stage_id] = self.now
             deadline = self.now + self.stage_idle_timeout
@@ -489,13 +476,13 @@ class OrchestratorCore:
         return [sid for sid in sorted(st.submitted) if self.stage_deaths[sid] is None]
 
     def _abort_stages(self, st: ReqState) -> None:
-        self._commands.extend(Abort(sid, st.request_id) for sid in self._live_submitted(st))
+        self._commands.extend(StageAbort(sid, st.request_id) for sid in self._live_submitted(st))
 
     def _end(self, st: ReqState, terminal: OrchOutput) -> None:
         """Emit the request's terminal output, with its metrics, and forget the request."""
         if self._requests.get(st.request_id) is st:
             del self._requests[st.request_id]
-        self._commands.extend(Release(sid, st.request_id) for sid in self._live_submitted(st))
+        self._commands.extend(StageRelease(sid, st.request_id) for sid in self._live_submitted(st))
         st.num_outputs += 1
         if terminal.finish_reason == "completed":
             self.completed += 1

@@ -26,28 +26,25 @@ from typing import Any, TypeVar
 import trio
 from trio_util import AsyncValue
 
-from ._core import Command, ForwardFn, OrchestratorCore, PrewarmFn, check_request_id, describe
-from ._dispatch import (
-    INBOX_SIZE,
-    MAX_BATCH,
-    Abort,
-    Admit,
-    CoreView,
-    Dispatcher,
-    Drain,
-    Message,
-    OrchestratorStatistics,
-    Outputs,
-    Shutdown,
-    StageDied,
-    check_max_in_flight,
-    check_shutdown_grace,
-)
+from ._checks import check_request_id
+from ._core import ForwardFn, OrchestratorCore, PrewarmFn, StageCommand
+from ._dispatch import INBOX_SIZE, MAX_BATCH
+from ._driver import OrchestratorBase, OrchestratorStatistics, prepare
 from ._errors import unwrap_single_exception
+from ._inbox import (
+    AbortRequest,
+    AdmitRequest,
+    DrainCall,
+    InboxMessage,
+    OutputsArrived,
+    ShutdownCall,
+    StageDied,
+)
 from ._messages import OrchOutput, StageItem
 from ._outbox import Outbox
 from ._stage import Stage, check_stage
 from ._stream import RequestStream
+from ._util import NoPublicConstructor, describe, final
 
 __all__ = ["Orchestrator", "OrchestratorStatistics", "open_orchestrator"]
 
@@ -74,8 +71,11 @@ def _closed_error() -> trio.ClosedResourceError:
     )
 
 
-class Orchestrator(CoreView):
+@final
+class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
     """A running orchestrator; get one from :func:`open_orchestrator`."""
+
+    _results: Outbox
 
     def __init__(
         self,
@@ -85,28 +85,27 @@ class Orchestrator(CoreView):
         max_in_flight: int | None,
         shutdown_grace: float,
     ) -> None:
-        self._core = core
         self._stages = tuple(stages)
         self._shutdown_grace = shutdown_grace
         self._closed = False  # no more admissions (set when the block exits)
-        self._inbox_send, self._inbox = trio.open_memory_channel[Message](INBOX_SIZE)
-        self._results = Outbox()
-        self._command_channels = [trio.open_memory_channel[Command](math.inf) for _ in self._stages]
-        self._admission = None if max_in_flight is None else trio.Semaphore(max_in_flight)
-        self._dispatch = Dispatcher(
+        self._inbox_send, self._inbox = trio.open_memory_channel[InboxMessage](INBOX_SIZE)
+        self._command_channels = [
+            trio.open_memory_channel[StageCommand](math.inf) for _ in self._stages
+        ]
+        super().__init__(
             core,
+            self._stages,
+            results=Outbox(),
+            slots=None if max_in_flight is None else trio.Semaphore(max_in_flight),
             send_command=self._queue_command,
-            results=self._results,
-            release_slot=None if self._admission is None else self._admission.release,
-            wants_release=[callable(getattr(s, "release", None)) for s in self._stages],
+            logger=logger,
         )
         self._draining = AsyncValue(0)  # drain() calls in progress
-        self._admissions_waiting = 0
         self._shielded = trio.CancelScope(shield=True)
         self._deliveries_left = len(self._stages)
         self._deliveries_done = trio.Event()
 
-    def _queue_command(self, command: Command) -> None:
+    def _queue_command(self, command: StageCommand) -> None:
         self._command_channels[command.stage_id][0].send_nowait(command)
 
     # -- public API ------------------------------------------------------------------
@@ -206,7 +205,7 @@ class Orchestrator(CoreView):
             await trio.lowlevel.checkpoint()
             return
         with contextlib.suppress(trio.BrokenResourceError):  # shut down meanwhile:
-            await self._inbox_send.send(Abort(request_id))  # every request was aborted
+            await self._inbox_send.send(AbortRequest(request_id))  # every request was aborted
 
     async def drain(self) -> None:
         """Wait until no request is in flight.
@@ -221,19 +220,12 @@ class Orchestrator(CoreView):
         try:
             done = trio.Event()
             try:
-                await self._inbox_send.send(Drain(done.set))
+                await self._inbox_send.send(DrainCall(done.set))
             except trio.BrokenResourceError:
                 return  # shut down: nothing is in flight any more
             await done.wait()
         finally:
             self._draining.value -= 1
-
-    def statistics(self) -> OrchestratorStatistics:
-        """Return a snapshot of counters and queue lengths."""
-        return self._dispatch.statistics(
-            outputs_ready=self._results.ready(),
-            admissions_waiting=self._admissions_waiting,
-        )
 
     # -- admission -------------------------------------------------------------------
 
@@ -244,34 +236,22 @@ class Orchestrator(CoreView):
         final_stage_ids: Iterable[int] | None,
         stream: RequestStream | None,
     ) -> None:
-        """Queue an admission for the handler; the send is the commit point.
-
-        Cancelled before the send: nothing happened. After it, the request is admitted
-        and will get a terminal, even if the orchestrator shuts down meanwhile.
-        """
         if self._closed:
             raise _closed_error()
-        finals = self._dispatch.reserve(request_id, final_stage_ids)  # the id is now taken
-        acquired = False
-        try:
-            self._admissions_waiting += 1
-            try:
-                if self._draining.value:
-                    await self._draining.wait_value(0)
-                if self._admission is not None:
-                    await self._admission.acquire()  # released by the handler at the terminal
-                    acquired = True
-            finally:
-                self._admissions_waiting -= 1
-            sink = None if stream is None else stream._outbox
-            await self._send_admission(Admit(request_id, prompt, finals, sink))
-        except BaseException:
-            self._dispatch.admitting.discard(request_id)
-            if acquired:
-                self._admission.release()  # type: ignore[union-attr]
-            raise
+        await self._dispatch.admit(
+            request_id,
+            prompt,
+            final_stage_ids,
+            None if stream is None else stream._outbox,
+            wait_for_drains=self._wait_for_drains,
+            send=self._send_admission,
+        )
 
-    async def _send_admission(self, admit: Admit) -> None:
+    async def _wait_for_drains(self) -> None:
+        if self._draining.value:
+            await self._draining.wait_value(0)
+
+    async def _send_admission(self, admit: AdmitRequest) -> None:
         if self._closed:  # it may have closed while we waited
             raise _closed_error()
         try:
@@ -323,7 +303,7 @@ class Orchestrator(CoreView):
                 core.now = trio.current_time()
                 for message in batch:
                     dispatch.apply(message)
-                    if type(message) is Shutdown:
+                    if type(message) is ShutdownCall:
                         for send, _ in self._command_channels:
                             send.close()  # deliveries end once the aborts are out
                 core.expire()
@@ -364,13 +344,15 @@ class Orchestrator(CoreView):
                 reason = f"reading its outputs raised {describe(exc)}"
                 break
             try:
-                await self._inbox_send.send(Outputs(stage_id, batch))
+                await self._inbox_send.send(OutputsArrived(stage_id, batch))
             except trio.BrokenResourceError:
                 return  # the handler is gone: we are shutting down
         logger.warning("stage %d is dead: %s", stage_id, reason)
         await self._report(StageDied(stage_id, reason))
 
-    async def _deliver(self, stage: Stage, commands: trio.MemoryReceiveChannel[Command]) -> None:
+    async def _deliver(
+        self, stage: Stage, commands: trio.MemoryReceiveChannel[StageCommand]
+    ) -> None:
         """Call one stage's submit/abort/release, one at a time, in decided order.
 
         One such task per stage keeps a stage whose ``submit`` blocks from delaying
@@ -389,7 +371,7 @@ class Orchestrator(CoreView):
             if not self._deliveries_left:
                 self._deliveries_done.set()
 
-    async def _report(self, message: Message) -> None:
+    async def _report(self, message: InboxMessage) -> None:
         with contextlib.suppress(trio.BrokenResourceError):  # shutting down: the request
             await self._inbox_send.send(message)  # is being aborted anyway
 
@@ -398,7 +380,7 @@ class Orchestrator(CoreView):
         self._closed = True
         done = trio.Event()
         try:
-            await self._inbox_send.send(Shutdown(done.set))
+            await self._inbox_send.send(ShutdownCall(done.set))
         except trio.BrokenResourceError:
             return  # the handler is already gone
         await done.wait()
@@ -451,18 +433,18 @@ async def open_orchestrator(
       TypeError: a stage lacks ``outputs``/``submit``/``abort``, or a function is not
           callable.
     """
-    stage_list = [check_stage(i, stage) for i, stage in enumerate(stages)]
-    core = OrchestratorCore(
-        len(stage_list),
+    core, checked = prepare(
+        stages,
         final_stage_ids,
+        check_stage,
         forward_fn=forward_fn,
         prewarm_fn=prewarm_fn,
         stage_idle_timeout=stage_idle_timeout,
+        max_in_flight=max_in_flight,
+        shutdown_grace=shutdown_grace,
     )
-    check_max_in_flight(max_in_flight)
-    check_shutdown_grace(shutdown_grace)
-    orchestrator = Orchestrator(
-        core, stage_list, max_in_flight=max_in_flight, shutdown_grace=shutdown_grace
+    orchestrator = Orchestrator._create(
+        core, checked, max_in_flight=max_in_flight, shutdown_grace=shutdown_grace
     )
     with unwrap_single_exception():
         async with trio.open_nursery() as nursery:

@@ -6,7 +6,7 @@ from typing import Any, Protocol
 
 import trio
 
-from ._dispatch import check_stage_methods
+from ._checks import check_stage_methods
 from ._messages import StageItem
 
 __all__ = ["Stage", "check_stage"]

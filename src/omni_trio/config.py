@@ -33,12 +33,13 @@ An invalid config raises :class:`ConfigError` naming the key, e.g.
 
 from __future__ import annotations
 
-import importlib
 import re
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
+
+from ._util import import_object
 
 __all__ = [
     "ConfigError",
@@ -46,7 +47,6 @@ __all__ = [
     "PipelineSection",
     "Runtime",
     "StageConfig",
-    "import_object",
     "load_pipeline",
     "parse_pipeline",
 ]
@@ -147,17 +147,6 @@ class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, f
             self.pipeline, async_chunk=async_chunk, connector=connector
         )
         return msgspec.structs.replace(self, pipeline=section)
-
-
-def import_object(path: str) -> Any:
-    """``"package.module:name"`` -> the object (``name`` may be dotted)."""
-    module_name, sep, attr_path = path.partition(":")
-    if not sep or not module_name or not attr_path:
-        raise ValueError(f"{path!r} is not an import path of the form 'package.module:name'")
-    target: Any = importlib.import_module(module_name)
-    for attr in attr_path.split("."):
-        target = getattr(target, attr)
-    return target
 
 
 def _import(key: str, path: str) -> Any:

@@ -64,9 +64,4 @@ async def collect_outputs(orchestrator: Orchestrator) -> list[OrchOutput]:
     processed everything it was given, has nothing to say.
     """
     await trio.testing.wait_all_tasks_blocked()
-    outputs = []
-    while True:
-        try:
-            outputs.append(orchestrator._results.get_nowait())
-        except (trio.WouldBlock, trio.EndOfChannel):
-            return outputs
+    return orchestrator._ready_outputs()

@@ -20,31 +20,27 @@ import asyncio
 import logging
 import sys
 import uuid
-from collections import deque
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Protocol, TypeVar
 
-from .._core import Command, ForwardFn, OrchestratorCore, PrewarmFn, check_request_id, describe
-from .._dispatch import (
-    INBOX_SIZE,
-    MAX_BATCH,
-    Abort,
-    Admit,
-    CoreView,
-    Dispatcher,
-    Drain,
-    Message,
-    OrchestratorStatistics,
-    Outputs,
-    Shutdown,
-    StageDied,
-    check_max_in_flight,
-    check_shutdown_grace,
-    check_stage_methods,
-)
+from .._checks import check_request_id, check_stage_methods
+from .._core import ForwardFn, OrchestratorCore, PrewarmFn, StageCommand
+from .._dispatch import INBOX_SIZE, MAX_BATCH
+from .._driver import OrchestratorBase, prepare
 from .._errors import unwrap_single_exception
+from .._inbox import (
+    AbortRequest,
+    AdmitRequest,
+    DrainCall,
+    InboxMessage,
+    OutputsArrived,
+    ShutdownCall,
+    StageDied,
+)
 from .._messages import OrchOutput, StageOutput
+from .._sink import OutboxBase, StreamBase
+from .._util import describe
 
 if sys.version_info >= (3, 11):
     from asyncio import TaskGroup, timeout, timeout_at
@@ -126,80 +122,61 @@ async def _get_batch(queue: asyncio.Queue[T]) -> list[T]:
     return batch
 
 
-class _Outbox:
-    """Outputs for one consumer, a batch per handler flush (see ``omni_trio._outbox``)."""
+class _Outbox(OutboxBase):
+    """Outputs for one consumer, a batch per handler flush (see ``omni_trio._sink``)."""
 
-    __slots__ = ("_buffer", "_in_queue", "_pending", "_queue")
+    __slots__ = ("_queue",)
 
     def __init__(self) -> None:
+        super().__init__()
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._pending: list[OrchOutput] = []
-        self._buffer: deque[OrchOutput] = deque()
-        self._in_queue = 0
 
-    def put(self, output: OrchOutput) -> None:
-        self._pending.append(output)
+    def _send_batch(self, batch: list[OrchOutput]) -> None:
+        self._queue.put_nowait(batch)
 
-    def flush(self) -> None:
-        if self._pending:
-            self._in_queue += len(self._pending)
-            self._queue.put_nowait(self._pending)
-            self._pending = []
-
-    def close(self) -> None:
-        self.flush()
+    def _close_channel(self) -> None:
         self._queue.put_nowait(END_OF_OUTPUTS)
 
-    def ready(self) -> int:
-        return len(self._buffer) + self._in_queue + len(self._pending)
-
-    def _take(self, batch: Any) -> None:
+    def _receive_batch_nowait(self) -> list[OrchOutput] | None:
+        try:
+            batch = self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
         if batch is END_OF_OUTPUTS:
             self._queue.put_nowait(END_OF_OUTPUTS)  # for the next caller
-            raise EndOfOutputs("the orchestrator has shut down")
-        self._in_queue -= len(batch)
-        self._buffer.extend(batch)
+            return None
+        return batch  # type: ignore[no-any-return]
 
     async def get(self) -> OrchOutput:
         if not self._buffer:
-            self._take(await self._queue.get())
+            batch = await self._queue.get()
+            if batch is END_OF_OUTPUTS:
+                self._queue.put_nowait(END_OF_OUTPUTS)  # for the next caller
+                raise EndOfOutputs("the orchestrator has shut down")
+            self._take(batch)
         return self._buffer.popleft()
 
-    def get_nowait(self) -> OrchOutput:
-        if not self._buffer:
-            self._take(self._queue.get_nowait())
-        return self._buffer.popleft()
+    @staticmethod
+    async def checkpoint() -> None:
+        await asyncio.sleep(0)
+
+    @staticmethod
+    def end_of_stream() -> EndOfOutputs:
+        return EndOfOutputs()
 
 
-class AsyncioRequestStream:
-    """One request's outputs, in order, ending with its terminal (``async for``)."""
+class AsyncioRequestStream(StreamBase):
+    """One request's outputs, in order, ending with its terminal (``async for``);
+    :meth:`receive` raises :class:`EndOfOutputs` once the terminal was received."""
 
     def __init__(self, request_id: str) -> None:
-        self.request_id = request_id
-        self.terminal: OrchOutput | None = None
-        self._outbox = _Outbox()
-
-    def __aiter__(self) -> AsyncioRequestStream:
-        return self
-
-    async def __anext__(self) -> OrchOutput:
-        if self.terminal is not None:
-            raise StopAsyncIteration
-        output = await self._outbox.get()
-        if output.finished:
-            self.terminal = output
-        return output
-
-    async def receive(self) -> OrchOutput:
-        """The next output; ``EndOfOutputs`` once the terminal was received."""
-        try:
-            return await self.__anext__()
-        except StopAsyncIteration:
-            raise EndOfOutputs from None
+        super().__init__(request_id, _Outbox())
 
 
-class AsyncioOrchestrator(CoreView):
+class AsyncioOrchestrator(OrchestratorBase):
     """A running asyncio twin; get one from :func:`open_asyncio_orchestrator`."""
+
+    _results: _Outbox
 
     def __init__(
         self,
@@ -209,27 +186,23 @@ class AsyncioOrchestrator(CoreView):
         max_in_flight: int | None,
         shutdown_grace: float,
     ) -> None:
-        self._core = core
         self._stages = tuple(stages)
         self._shutdown_grace = shutdown_grace
         self._closed = False
-        self._inbox: asyncio.Queue[Message] = asyncio.Queue(INBOX_SIZE)
-        self._results = _Outbox()
-        self._commands: list[asyncio.Queue[Command | None]] = [
+        self._inbox: asyncio.Queue[InboxMessage] = asyncio.Queue(INBOX_SIZE)
+        self._commands: list[asyncio.Queue[StageCommand | None]] = [
             asyncio.Queue() for _ in self._stages
         ]
-        self._admission = None if max_in_flight is None else asyncio.Semaphore(max_in_flight)
-        self._dispatch = Dispatcher(
+        super().__init__(
             core,
+            self._stages,
+            results=_Outbox(),
+            slots=None if max_in_flight is None else asyncio.Semaphore(max_in_flight),
             send_command=lambda command: self._commands[command.stage_id].put_nowait(command),
-            results=self._results,
-            release_slot=None if self._admission is None else self._admission.release,
-            wants_release=[callable(getattr(s, "release", None)) for s in self._stages],
             logger=logger,
         )
         self._draining = 0
         self._drain_over = asyncio.Event()
-        self._admissions_waiting = 0
         self._deliveries: list[asyncio.Task[None]] = []
         self._background: list[asyncio.Task[None]] = []
 
@@ -260,7 +233,7 @@ class AsyncioOrchestrator(CoreView):
                 # asyncio cancellation is edge-triggered: this await runs even when the
                 # block is left because the task was cancelled. It can only block while
                 # the inbox is full, which the handler empties promptly.
-                await self._send(Abort(rid))
+                await self._send(AbortRequest(rid))
 
     async def next_output(self) -> OrchOutput:
         """The next output of a request admitted with :meth:`add_request`.
@@ -276,7 +249,7 @@ class AsyncioOrchestrator(CoreView):
         if self._closed:
             await asyncio.sleep(0)
             return
-        await self._send(Abort(request_id))
+        await self._send(AbortRequest(request_id))
 
     async def drain(self) -> None:
         """Wait until no request is in flight; admissions wait meanwhile."""
@@ -286,18 +259,12 @@ class AsyncioOrchestrator(CoreView):
             if self._closed:
                 return
             done = asyncio.Event()
-            await self._send(Drain(done.set))
+            await self._send(DrainCall(done.set))
             await done.wait()
         finally:
             self._draining -= 1
             if not self._draining:
                 self._drain_over.set()
-
-    def statistics(self) -> OrchestratorStatistics:
-        return self._dispatch.statistics(
-            outputs_ready=self._results.ready(),
-            admissions_waiting=self._admissions_waiting,
-        )
 
     # -- admission -------------------------------------------------------------------
 
@@ -310,33 +277,26 @@ class AsyncioOrchestrator(CoreView):
     ) -> None:
         if self._closed:
             raise _closed_error()
-        finals = self._dispatch.reserve(request_id, final_stage_ids)
-        acquired = False
-        try:
-            self._admissions_waiting += 1
-            try:
-                while self._draining:
-                    await self._drain_over.wait()
-                if self._admission is not None:
-                    await self._admission.acquire()
-                    acquired = True
-            finally:
-                self._admissions_waiting -= 1
-            sink = None if stream is None else stream._outbox
-            await self._send_admission(Admit(request_id, prompt, finals, sink))
-        except BaseException:
-            self._dispatch.admitting.discard(request_id)
-            if acquired:
-                self._admission.release()  # type: ignore[union-attr]
-            raise
+        await self._dispatch.admit(
+            request_id,
+            prompt,
+            final_stage_ids,
+            None if stream is None else stream._outbox,
+            wait_for_drains=self._wait_for_drains,
+            send=self._send_admission,
+        )
 
-    async def _send_admission(self, admit: Admit) -> None:
+    async def _wait_for_drains(self) -> None:
+        while self._draining:
+            await self._drain_over.wait()
+
+    async def _send_admission(self, admit: AdmitRequest) -> None:
         if self._closed:  # it may have closed while we waited
             raise _closed_error()
         # The commit point: a put that is cancelled has not enqueued anything.
         await self._inbox.put(admit)
 
-    async def _send(self, message: Message) -> None:
+    async def _send(self, message: InboxMessage) -> None:
         await self._inbox.put(message)
 
     # -- tasks -----------------------------------------------------------------------
@@ -354,7 +314,7 @@ class AsyncioOrchestrator(CoreView):
         try:
             while True:
                 deadline = core.next_deadline()
-                batch: list[Message] = []
+                batch: list[InboxMessage] = []
                 if deadline is None:
                     batch = await _get_batch(self._inbox)
                 else:
@@ -366,7 +326,7 @@ class AsyncioOrchestrator(CoreView):
                 core.now = loop.time()
                 for message in batch:
                     dispatch.apply(message)
-                    if type(message) is Shutdown:
+                    if type(message) is ShutdownCall:
                         for queue in self._commands:
                             queue.put_nowait(None)  # deliveries end once the aborts are out
                 core.expire()
@@ -393,12 +353,12 @@ class AsyncioOrchestrator(CoreView):
                     if END_OF_OUTPUTS in batch:
                         batch = batch[: batch.index(END_OF_OUTPUTS)]
                         if batch:
-                            await self._send(Outputs(stage_id, batch))
+                            await self._send(OutputsArrived(stage_id, batch))
                         break
-                    await self._send(Outputs(stage_id, batch))
+                    await self._send(OutputsArrived(stage_id, batch))
             else:
                 async for output in outputs:
-                    await self._send(Outputs(stage_id, [output]))
+                    await self._send(OutputsArrived(stage_id, [output]))
         except Exception as exc:
             if type(exc).__name__ != "QueueShutDown":  # 3.13's Queue.shutdown(): an end
                 logger.exception("stage %d: reading its outputs failed", stage_id)
@@ -417,7 +377,7 @@ class AsyncioOrchestrator(CoreView):
     async def _shutdown(self) -> None:
         self._closed = True
         done = asyncio.Event()
-        await self._send(Shutdown(done.set))
+        await self._send(ShutdownCall(done.set))
         await done.wait()
         await asyncio.gather(*self._deliveries)
 
@@ -444,18 +404,18 @@ async def open_asyncio_orchestrator(
     shutdown is not shielded: a second cancellation of the task leaving the block
     interrupts it (asyncio has no shield that waits, see ``docs/cancellation.md``).
     """
-    stage_list = [_check_stage(i, stage) for i, stage in enumerate(stages)]
-    core = OrchestratorCore(
-        len(stage_list),
+    core, checked = prepare(
+        stages,
         final_stage_ids,
+        _check_stage,
         forward_fn=forward_fn,
         prewarm_fn=prewarm_fn,
         stage_idle_timeout=stage_idle_timeout,
+        max_in_flight=max_in_flight,
+        shutdown_grace=shutdown_grace,
     )
-    check_max_in_flight(max_in_flight)
-    check_shutdown_grace(shutdown_grace)
     orchestrator = AsyncioOrchestrator(
-        core, stage_list, max_in_flight=max_in_flight, shutdown_grace=shutdown_grace
+        core, checked, max_in_flight=max_in_flight, shutdown_grace=shutdown_grace
     )
     with unwrap_single_exception():
         async with TaskGroup() as group:

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from .._messages import OrchOutput, StageItem
 from .._scripted import ScriptedStageBase
-from .asyncio_orchestrator import END_OF_OUTPUTS, AsyncioOrchestrator, EndOfOutputs
+from .asyncio_orchestrator import END_OF_OUTPUTS, AsyncioOrchestrator
 
 __all__ = [
     "AsyncioScriptedStage",
@@ -77,12 +77,7 @@ async def wait_all_tasks_blocked() -> None:
 async def collect_outputs(orchestrator: AsyncioOrchestrator) -> list[OrchOutput]:
     """Let every task run until blocked, then take every output that is ready."""
     await wait_all_tasks_blocked()
-    outputs = []
-    while True:
-        try:
-            outputs.append(orchestrator._results.get_nowait())
-        except (asyncio.QueueEmpty, EndOfOutputs):
-            return outputs
+    return orchestrator._ready_outputs()
 
 
 class _VirtualClock:

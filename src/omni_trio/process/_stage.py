@@ -14,9 +14,9 @@ from typing import Any
 
 import trio
 
-from .._core import describe
 from .._errors import unwrap_single_exception
 from .._messages import StageItem, StageOutput
+from .._util import describe
 from . import _shm
 from ._connector import ShmConnector
 from ._wire import (

@@ -21,8 +21,7 @@ from typing import Any
 
 import trio
 
-from .._core import describe
-from ..config import import_object
+from .._util import describe, import_object
 from . import _shm
 from ._engine import Engine, EngineRequest
 from ._wire import (

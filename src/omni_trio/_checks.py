@@ -1,0 +1,69 @@
+"""Argument checks shared by the core, both drivers, the process wing and the configs.
+
+Each raises ``TypeError`` or ``ValueError`` with a message that names the argument and
+shows what it got. No trio, no asyncio.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+
+__all__ = [
+    "check_max_in_flight",
+    "check_request_id",
+    "check_seconds",
+    "check_stage_methods",
+    "seconds",
+]
+
+
+def check_request_id(request_id: object) -> str:
+    """Return ``request_id`` if it is a ``str``, else raise ``TypeError``."""
+    if not isinstance(request_id, str):
+        raise TypeError(f"request_id must be a str, got {type(request_id).__name__} {request_id!r}")
+    return request_id
+
+
+def check_seconds(name: str, value: object, *, positive: bool, optional: bool = False) -> None:
+    """Raise ``ValueError`` unless ``value`` is a number of seconds (> 0 if ``positive``,
+    else >= 0; ``None`` too if ``optional``). NaN and booleans are refused."""
+    if value is None and optional:
+        return
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and not math.isnan(value) and (value > 0 if positive else value >= 0):  # type: ignore[operator, arg-type]
+        return
+    wanted = "a positive number of seconds" if positive else "a number of seconds >= 0"
+    raise ValueError(f"{name} must be {wanted}{' or None' if optional else ''}, got {value!r}")
+
+
+def check_max_in_flight(max_in_flight: object) -> None:
+    """Raise ``ValueError`` unless ``max_in_flight`` is a positive ``int`` or ``None``."""
+    if max_in_flight is not None and (
+        not isinstance(max_in_flight, int) or isinstance(max_in_flight, bool) or max_in_flight < 1
+    ):
+        raise ValueError(f"max_in_flight must be a positive int or None, got {max_in_flight!r}")
+
+
+def check_stage_methods(index: int, stage: object) -> None:
+    """Raise ``TypeError`` unless ``stage`` has ``outputs`` and callable ``submit``
+    and ``abort`` (what each driver needs beyond that, it checks itself)."""
+    missing = [name for name in ("outputs", "submit", "abort") if not hasattr(stage, name)]
+    if missing:
+        raise TypeError(
+            f"stages[{index}] ({stage!r}) is not a Stage: it lacks {', '.join(missing)}"
+        )
+    for name in ("submit", "abort"):
+        if not callable(getattr(stage, name)):
+            raise TypeError(f"stages[{index}].{name} must be an async method")
+
+
+def seconds(*, positive: bool) -> Any:
+    """An attrs validator: :func:`check_seconds` on the attribute, named after it."""
+
+    def validate(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        check_seconds(attribute.name, value, positive=positive)
+
+    return validate

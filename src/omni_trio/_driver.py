@@ -1,0 +1,165 @@
+"""What the Trio orchestrator and its asyncio twin share above the dispatcher: the
+checks of ``open_*``, the read-only facts, and :meth:`statistics`. No I/O.
+
+Each driver's orchestrator subclasses :class:`OrchestratorBase` and adds only its
+tasks, channels and waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+import attrs
+
+from ._checks import check_max_in_flight, check_seconds
+from ._core import ForwardFn, Mode, OrchestratorCore, PrewarmFn, StageCommand
+from ._dispatch import Dispatcher, Slots
+from ._sink import OutboxBase
+
+__all__ = ["OrchestratorBase", "OrchestratorStatistics", "prepare"]
+
+S = TypeVar("S")
+
+
+@attrs.frozen
+class OrchestratorStatistics:
+    """A snapshot of an orchestrator, from :meth:`Orchestrator.statistics`.
+
+    Attributes:
+      mode: ``"forward"`` or ``"async_chunk"``.
+      in_flight: Requests admitted and not yet ended.
+      pending_final: In-flight requests whose terminal is held for a straggling stage.
+      admitted: Requests admitted so far.
+      completed: Requests that ended with a ``"completed"`` terminal.
+      aborted: Requests that ended with an ``"aborted"`` terminal.
+      errored: Requests that ended with an ``"error"`` terminal.
+      dropped_outputs: Stage outputs dropped so far (late, unknown, or malformed).
+      stages_alive: Per stage, ``False`` once it died (its outputs channel ended or
+          reading it failed).
+      streams_open: In-flight requests read through :meth:`Orchestrator.open_request`.
+      outputs_ready: Outputs waiting to be taken with :meth:`Orchestrator.next_output`.
+      commands_queued: Per stage, submits, aborts and releases decided but not yet
+          delivered.
+      admissions_waiting: Callers waiting for ``max_in_flight`` room or a drain.
+    """
+
+    mode: Mode
+    in_flight: int
+    pending_final: int
+    admitted: int
+    completed: int
+    aborted: int
+    errored: int
+    dropped_outputs: int
+    stages_alive: tuple[bool, ...]
+    streams_open: int
+    outputs_ready: int
+    commands_queued: tuple[int, ...]
+    admissions_waiting: int
+
+
+def prepare(
+    stages: Sequence[Any],
+    final_stage_ids: Iterable[int],
+    check_stage: Callable[[int, Any], S],
+    *,
+    forward_fn: ForwardFn | None,
+    prewarm_fn: PrewarmFn | None,
+    stage_idle_timeout: float | None,
+    max_in_flight: int | None,
+    shutdown_grace: float,
+) -> tuple[OrchestratorCore, list[S]]:
+    """Check the arguments of ``open_orchestrator`` (or its twin); build the core.
+
+    Raises:
+      TypeError, ValueError: as documented by :func:`omni_trio.open_orchestrator`.
+    """
+    checked = [check_stage(index, stage) for index, stage in enumerate(stages)]
+    core = OrchestratorCore(
+        len(checked),
+        final_stage_ids,
+        forward_fn=forward_fn,
+        prewarm_fn=prewarm_fn,
+        stage_idle_timeout=stage_idle_timeout,
+    )
+    check_max_in_flight(max_in_flight)
+    check_seconds("shutdown_grace", shutdown_grace, positive=False)
+    return core, checked
+
+
+class OrchestratorBase:
+    """The parts of a running orchestrator that do not depend on the framework.
+
+    A driver's subclass makes its channels, then calls ``__init__`` with what the
+    dispatcher needs from it.
+    """
+
+    def __init__(
+        self,
+        core: OrchestratorCore,
+        stages: Sequence[object],
+        *,
+        results: OutboxBase,
+        slots: Slots | None,
+        send_command: Callable[[StageCommand], None],
+        logger: logging.Logger,
+    ) -> None:
+        self._core = core
+        self._results = results
+        self._dispatch = Dispatcher(
+            core,
+            stages,
+            send_command=send_command,
+            results=results,
+            slots=slots,
+            logger=logger,
+        )
+
+    @property
+    def mode(self) -> Mode:
+        """``"forward"`` or ``"async_chunk"``."""
+        return self._core.mode
+
+    @property
+    def final_stage_ids(self) -> frozenset[int]:
+        """The pipeline's user-facing stages."""
+        return self._core.final_stage_ids
+
+    @property
+    def last_stage(self) -> int:
+        """``max(final_stage_ids)``; later stages are never submitted."""
+        return self._core.last_stage
+
+    @property
+    def dropped_outputs(self) -> int:
+        """Stage outputs dropped so far: for unknown or already-ended requests, from a
+        stage not submitted for the request or that already finished it, or not a
+        :class:`StageOutput` at all."""
+        return self._core.dropped_outputs
+
+    def statistics(self) -> OrchestratorStatistics:
+        """Return a snapshot of counters and queue lengths."""
+        core = self._core
+        dispatch = self._dispatch
+        return OrchestratorStatistics(
+            mode=core.mode,
+            in_flight=core.in_flight,
+            pending_final=core.pending_final,
+            admitted=core.admitted,
+            completed=core.completed,
+            aborted=core.aborted,
+            errored=core.errored,
+            dropped_outputs=core.dropped_outputs,
+            stages_alive=tuple(death is None for death in core.stage_deaths),
+            streams_open=len(dispatch.streams),
+            outputs_ready=self._results.ready(),
+            commands_queued=tuple(dispatch.undelivered),
+            admissions_waiting=dispatch.admissions_waiting,
+        )
+
+    def _ready_outputs(self) -> list[Any]:
+        """Every output for ``next_output()`` produced so far and not taken, without
+        waiting (for the test kits' ``collect_outputs``)."""
+        return self._results.take_ready()

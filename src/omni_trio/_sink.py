@@ -1,0 +1,143 @@
+"""Outputs on their way to a consumer, a batch per handler flush: the framework-neutral
+part of an outbox and of a request's stream.
+
+The handler hands each destination (``next_output()``'s outbox, a request's stream)
+one list per flush instead of one message per output, and the consumer takes them one
+at a time from a local buffer. Each driver supplies the channel that carries the
+lists and the waiting (``omni_trio._outbox`` for Trio, the asyncio twin's own); the
+bookkeeping lives here, once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol, TypeVar
+
+from ._messages import OrchOutput
+
+__all__ = ["OutboxBase", "Sink", "StreamBase"]
+
+S = TypeVar("S", bound="StreamBase")
+
+
+class Sink(Protocol):
+    """Where the handler puts outputs: ``put`` collects, ``flush`` hands what was
+    collected to the consumer as one batch. Neither blocks."""
+
+    def put(self, output: OrchOutput) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+class OutboxBase:
+    """One destination's bookkeeping: the handler ``put``\\ s and ``flush``\\ es, the
+    consumer ``get``\\ s (a driver's subclass supplies ``get`` and the channel)."""
+
+    __slots__ = ("_buffer", "_in_channel", "_pending")
+
+    def __init__(self) -> None:
+        self._pending: list[OrchOutput] = []  # the handler's, until the flush ends
+        self._buffer: deque[OrchOutput] = deque()  # the consumer's
+        self._in_channel = 0  # outputs sent in batches, not yet taken into the buffer
+
+    # -- what a driver's subclass supplies --------------------------------------------
+
+    def _send_batch(self, batch: list[OrchOutput]) -> None:
+        """Put ``batch`` on the channel (never blocks)."""
+        raise NotImplementedError
+
+    def _close_channel(self) -> None:
+        raise NotImplementedError
+
+    def _receive_batch_nowait(self) -> list[OrchOutput] | None:
+        """The next batch on the channel, or ``None`` if there is none (yet or ever)."""
+        raise NotImplementedError
+
+    # -- the handler's side (never blocks) --------------------------------------------
+
+    def put(self, output: OrchOutput) -> None:
+        self._pending.append(output)
+
+    def flush(self) -> None:
+        if self._pending:
+            self._in_channel += len(self._pending)
+            self._send_batch(self._pending)
+            self._pending = []
+
+    def close(self) -> None:
+        """No more outputs: once the ones sent are taken, the consumer sees the end."""
+        self.flush()
+        self._close_channel()
+
+    # -- the consumer's side ------------------------------------------------------------
+
+    def ready(self) -> int:
+        """Outputs waiting to be taken."""
+        return len(self._buffer) + self._in_channel + len(self._pending)
+
+    def _take(self, batch: list[OrchOutput]) -> None:
+        self._in_channel -= len(batch)
+        self._buffer.extend(batch)
+
+    def take_ready(self) -> list[OrchOutput]:
+        """Every output sent so far that was not taken yet, without waiting."""
+        while (batch := self._receive_batch_nowait()) is not None:
+            self._take(batch)
+        outputs = list(self._buffer)
+        self._buffer.clear()
+        return outputs
+
+
+class _Outbox(Sink, Protocol):
+    """What a stream needs from its driver's outbox (and the handler, as a sink)."""
+
+    async def get(self) -> OrchOutput: ...
+
+    async def checkpoint(self) -> None: ...
+
+    def end_of_stream(self) -> Exception: ...
+
+
+class StreamBase:
+    """One request's outputs, in order, ending with its terminal output (``async for``).
+
+    The iteration stops after the terminal output, which is also kept in
+    :attr:`terminal`.
+
+    Attributes:
+      request_id: The request's id (generated when ``open_request`` was not given one).
+      terminal: The request's terminal output once it has been received, else ``None``.
+    """
+
+    def __init__(self, request_id: str, outbox: _Outbox) -> None:
+        self.request_id = request_id
+        self.terminal: OrchOutput | None = None
+        self._outbox = outbox
+
+    def __repr__(self) -> str:
+        state = "open" if self.terminal is None else self.terminal.finish_reason
+        return f"<{type(self).__name__} {self.request_id!r} {state}>"
+
+    def __aiter__(self: S) -> S:
+        return self
+
+    async def __anext__(self) -> OrchOutput:
+        if self.terminal is not None:
+            await self._outbox.checkpoint()
+            raise StopAsyncIteration
+        output = await self._outbox.get()
+        if output.finished:
+            self.terminal = output
+        return output
+
+    async def receive(self) -> OrchOutput:
+        """The request's next output.
+
+        Raises:
+          trio.EndOfChannel: (the asyncio twin: ``EndOfOutputs``) the terminal output
+              was already received.
+        """
+        try:
+            return await self.__anext__()
+        except StopAsyncIteration:
+            raise self._outbox.end_of_stream() from None

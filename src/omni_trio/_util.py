@@ -1,0 +1,110 @@
+"""Foundations every wing of omni_trio stands on: no trio, no asyncio, no orchestrator.
+
+A worker process imports this module and little else of ours, so it must stay small
+and free of the orchestrator's modules.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NoReturn, TypeVar
+
+__all__ = [
+    "NoPublicConstructor",
+    "describe",
+    "final",
+    "import_object",
+    "lazy_exports",
+]
+
+T = TypeVar("T")
+
+
+def describe(exc: BaseException) -> str:
+    """``"ValueError: the message"``, or the bare type name when there is no message."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def import_object(path: str) -> Any:
+    """``"package.module:name"`` -> the object (``name`` may be dotted).
+
+    Raises:
+      ValueError: ``path`` is not of that form.
+      ImportError, AttributeError: what importing it raised.
+    """
+    module_name, sep, attr_path = path.partition(":")
+    if not sep or not module_name or not attr_path:
+        raise ValueError(f"{path!r} is not an import path of the form 'package.module:name'")
+    target: Any = importlib.import_module(module_name)
+    for attr in attr_path.split("."):
+        target = getattr(target, attr)
+    return target
+
+
+# -- class conventions (as trio's own ``trio._util``) -------------------------------------
+
+
+def _no_subclasses(cls: type) -> NoReturn:
+    raise TypeError(f"{cls.__module__}.{cls.__qualname__} does not support subclassing")
+
+
+def final(cls: type[T]) -> type[T]:
+    """Mark a class final: type checkers refuse subclasses, and so does the runtime."""
+    cls.__init_subclass__ = classmethod(_no_subclasses)  # type: ignore[assignment]
+    return typing.final(cls)
+
+
+class NoPublicConstructor(type):
+    """A metaclass for classes users get from a factory and never build themselves.
+
+    ``SomeClass(...)`` raises ``TypeError``; the package calls ``SomeClass._create(...)``.
+    """
+
+    def __call__(cls, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError(f"{cls.__module__}.{cls.__qualname__} has no public constructor")
+
+    def _create(cls: type[T], *args: Any, **kwargs: Any) -> T:
+        return super().__call__(*args, **kwargs)  # type: ignore[misc, no-any-return]
+
+
+# -- public namespaces --------------------------------------------------------------------
+
+
+def lazy_exports(
+    namespace: str, exports: Mapping[str, Iterable[str]]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """``__getattr__`` and ``__dir__`` for a package that re-exports names on demand.
+
+    ``exports`` maps a private module (relative, like ``"._core"``) to the public names
+    it defines. Nothing is imported until a public name is first asked for; then every
+    one is, at once, and each object reports the public namespace as its
+    ``__module__`` (so reprs and docs say ``omni_trio.Name``, not
+    ``omni_trio._module.Name``). A process that needs only a corner of the package --
+    a stage worker, which imports ``omni_trio.process._wire`` and a few more -- does not
+    load the rest.
+    """
+
+    def load() -> dict[str, Any]:
+        package = vars(sys.modules[namespace])
+        for module, names in exports.items():
+            source = importlib.import_module(module, namespace)
+            for name in names:
+                value = getattr(source, name)
+                if getattr(value, "__module__", "").startswith(f"{namespace}._"):
+                    value.__module__ = namespace
+                package[name] = value  # from now on found without __getattr__
+        return package
+
+    def __getattr__(name: str) -> Any:
+        if not any(name in names for names in exports.values()):
+            raise AttributeError(f"module {namespace!r} has no attribute {name!r}")
+        return load()[name]
+
+    def __dir__() -> list[str]:
+        return sorted(load())
+
+    return __getattr__, __dir__
