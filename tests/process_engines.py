@@ -105,3 +105,13 @@ def exits(code: int = 3):
         os._exit(code)
 
     return engine
+
+
+def exits_then_loads_slowly(marker: str, seconds: float = 3.0, code: int = 3):
+    """The first worker exits mid-request; every later one takes ``seconds`` to load."""
+    if os.path.exists(marker):
+        time.sleep(seconds)
+    else:
+        with open(marker, "w"):
+            pass
+    return exits(code)

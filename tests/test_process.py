@@ -7,67 +7,18 @@ prefix and no worker process behind (checked by ``running``).
 from __future__ import annotations
 
 import os
-from contextlib import asynccontextmanager
 
 import pytest
 import trio
 
-from omni_trio import open_orchestrator
-from omni_trio.config import parse_pipeline
-from omni_trio.process import WorkerStartError, _shm, open_process_pipeline, open_process_stage
-
-STAGE = """
-[[stages]]
-stage_id = {sid}
-engine = "process_engines:{engine}"
-engine_args = {args}
-final_output = {final}
-{extra}
-"""
-
-
-def pipeline_config(*stages, async_chunk=True):
-    """stages: (engine, args, final, extra) per stage."""
-    text = f"""
-[pipeline]
-async_chunk = {str(async_chunk).lower()}
-connector = "{"shm" if async_chunk else "none"}"
-"""
-    for sid, (engine, args, final, extra) in enumerate(stages):
-        text += STAGE.format(
-            sid=sid, engine=engine, args=args, final=str(final).lower(), extra=extra
-        )
-    return parse_pipeline(text)
-
-
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-async def eventually(predicate):
-    """Poll another process's doing (segments unlinked, a worker restarted): it has no
-    event we could wait on. Fails after 10 s."""
-    with trio.fail_after(10):
-        while not predicate():  # noqa: ASYNC110 - the state is in another process
-            await trio.sleep(0.01)
-
-
-@asynccontextmanager
-async def running(config, **orchestrator_kwargs):
-    """A pipeline and an orchestrator over it; afterwards, nothing may be left."""
-    async with open_process_pipeline(config) as pipeline:
-        pids = [stage.pid for stage in pipeline.stages]
-        async with open_orchestrator(
-            *pipeline.orchestrator_args, **pipeline.orchestrator_kwargs, **orchestrator_kwargs
-        ) as orch:
-            yield pipeline, orch
-    assert _shm.listing(pipeline.prefix) == [], "shared memory left behind"
-    assert not any(alive(pid) for pid in pids if pid), "a worker process outlived the block"
-
+from omni_trio.process import (
+    WorkerOptions,
+    WorkerStartError,
+    _shm,
+    open_process_pipeline,
+    open_process_stage,
+)
+from processes import eventually, pipeline_config, running
 
 THREE_STAGES = [
     ("stream", "{ count = 3 }", True, ""),
@@ -175,7 +126,7 @@ async def test_a_restarted_worker_serves_the_next_requests():
         assert outs[-1].finish_reason == "error"
         assert "was restarted" in outs[-1].error
         await eventually(lambda: talker.pid is not None and talker.pid != first_pid)
-        assert talker.restarts == 1
+        assert talker.statistics().restarts == 1
         assert orch.statistics().stages_alive == (True, True, True)
         async with orch.open_request("b") as stream:
             outs = [o async for o in stream]
@@ -196,7 +147,7 @@ async def test_a_worker_that_stops_answering_heartbeats_is_dead():
             outs = [o async for o in stream]
         assert outs[-1].finish_reason == "error"
         assert orch.statistics().stages_alive == (False,)
-        assert pipeline.stages[0].deaths == 1
+        assert pipeline.stages[0].statistics().deaths == 1
 
 
 async def test_a_malformed_frame_ends_the_connection(caplog):
@@ -267,7 +218,9 @@ async def test_an_engine_that_cannot_load_fails_the_stage_start(engine, message)
 async def test_a_worker_that_never_gets_ready_fails_the_stage_start(engine, args, message):
     with trio.fail_after(4), pytest.raises(WorkerStartError, match=message):
         async with open_process_stage(
-            f"process_engines:{engine}", engine_args=args, startup_timeout=0.5
+            f"process_engines:{engine}",
+            engine_args=args,
+            options=WorkerOptions(startup_timeout=0.5),
         ):
             pytest.fail("must not start")  # pragma: no cover
 

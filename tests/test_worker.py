@@ -7,21 +7,38 @@ import trio
 import trio.testing
 
 from omni_trio.process import _shm
-from omni_trio.process._wire import Abort, Chunk, FrameWriter, Init, Release, Submit
+from omni_trio.process import _wire as wire
 from omni_trio.process.worker import _Worker
 from process_engines import relay
 
 
 def make_worker(prefix: str) -> _Worker:
-    init = Init(1, "relay", "process_engines:relay", {}, prefix)
-    control = FrameWriter(trio.testing.MemorySendStream())
-    chunks = FrameWriter(trio.testing.MemorySendStream())
+    init = wire.Init(1, "relay", "process_engines:relay", {}, prefix)
+    control = wire.FrameWriter(trio.testing.MemorySendStream())
+    chunks = wire.FrameWriter(trio.testing.MemorySendStream())
     return _Worker(init, relay(), control, chunks)
 
 
-def upstream_chunk(prefix: str, request_id: str, seq: int) -> Chunk:
-    name = f"{prefix}-0-9-{seq}"
-    return Chunk(request_id, name, _shm.create(name, b"chunk"))
+def upstream_chunk(prefix: str, request_id: str, seq: int, owner: str | None = None) -> wire.Chunk:
+    name = f"{prefix}-0-1-9-{seq}"
+    return wire.Chunk(request_id, name, _shm.create(name, owner or request_id, b"chunk"))
+
+
+def sent(worker: _Worker) -> list[object]:
+    """The control frames the worker queued so far, decoded."""
+    frames = []
+    while True:
+        try:
+            frame = worker.control._receive.receive_nowait()
+        except trio.WouldBlock:
+            return frames
+        frames.append(wire.DECODE_FROM_WORKER.decode(frame[4:]))
+
+
+def failure(worker: _Worker, request_id: str) -> str | None:
+    errors = [f.error for f in sent(worker) if type(f) is wire.Failed]
+    assert len(errors) <= 1
+    return errors[0] if errors else None
 
 
 async def test_a_chunk_taken_as_the_request_is_released_leaves_no_segment():
@@ -31,11 +48,11 @@ async def test_a_chunk_taken_as_the_request_is_released_leaves_no_segment():
     worker = make_worker(prefix)
     try:
         async with trio.open_nursery() as nursery:
-            worker.handle(Submit("r", None), nursery)
+            worker.handle(wire.Submit("r", None), nursery)
             await trio.testing.wait_all_tasks_blocked()  # the engine waits for chunks
-            worker.on_chunks([upstream_chunk(prefix, "r", 0)])  # wakes it, with a chunk
-            worker.handle(Abort("r"), nursery)  # ... and before it runs:
-            worker.handle(Release("r"), nursery)
+            worker.on_notices([upstream_chunk(prefix, "r", 0)])  # wakes it, with a chunk
+            worker.handle(wire.Abort("r"), nursery)  # ... and before it runs:
+            worker.handle(wire.Release("r"), nursery)
             await trio.testing.wait_all_tasks_blocked()
         assert _shm.listing(f"{prefix}-1-") == []
         assert worker.requests == {}
@@ -49,10 +66,10 @@ async def test_chunks_after_the_release_are_dropped():
     worker = make_worker(prefix)
     try:
         async with trio.open_nursery() as nursery:
-            worker.handle(Submit("r", None), nursery)
+            worker.handle(wire.Submit("r", None), nursery)
             await trio.testing.wait_all_tasks_blocked()
-            worker.handle(Release("r"), nursery)
-            worker.on_chunks([upstream_chunk(prefix, "r", 0)])
+            worker.handle(wire.Release("r"), nursery)
+            worker.on_notices([upstream_chunk(prefix, "r", 0)])
             await trio.testing.wait_all_tasks_blocked()
         assert worker.requests == {}
     finally:
@@ -64,12 +81,12 @@ async def test_chunks_may_arrive_before_their_submit():
     worker = make_worker(prefix)
     try:
         async with trio.open_nursery() as nursery:
-            worker.on_chunks([upstream_chunk(prefix, "r", 0)])
+            worker.on_notices([upstream_chunk(prefix, "r", 0)])
             assert "r" in worker.requests  # kept for the submit to come
-            worker.handle(Submit("r", None), nursery)
+            worker.handle(wire.Submit("r", None), nursery)
             await trio.testing.wait_all_tasks_blocked()
-            assert _shm.listing(f"{prefix}-1-") == [f"{prefix}-1-1-0"]  # passed on
-            worker.handle(Release("r"), nursery)
+            assert _shm.listing(f"{prefix}-1-") == [f"{prefix}-1-1-1-0"]  # passed on
+            worker.handle(wire.Release("r"), nursery)
         assert _shm.listing(f"{prefix}-1-") == []
     finally:
         _shm.sweep(prefix)
@@ -86,12 +103,112 @@ async def test_released_ids_are_remembered_up_to_a_bound_and_a_new_submit_forget
             for rid in ("a", "b", "c"):
                 worker.release(rid)
             assert list(worker.released) == ["b", "c"]  # "a" forgotten: bounded
-            worker.handle(Submit("c", None), nursery)  # "c" is reused: a new life
+            worker.handle(wire.Submit("c", None), nursery)  # "c" is reused: a new life
             assert "c" not in worker.released
-            worker.on_chunks([upstream_chunk(prefix, "c", 0)])
+            worker.on_notices([upstream_chunk(prefix, "c", 0)])
             await trio.testing.wait_all_tasks_blocked()
-            assert _shm.listing(f"{prefix}-1-") == [f"{prefix}-1-1-0"]  # it got the chunk
+            assert _shm.listing(f"{prefix}-1-") == [f"{prefix}-1-1-1-0"]  # it got the chunk
             worker.release_all()
         assert _shm.listing(f"{prefix}-1-") == []
     finally:
         _shm.sweep(prefix)
+
+
+async def test_a_lost_notice_fails_a_request_still_streaming():
+    prefix = _shm.new_prefix()
+    worker = make_worker(prefix)
+    try:
+        async with trio.open_nursery() as nursery:
+            worker.handle(wire.Submit("r", None), nursery)
+            worker.on_notices([upstream_chunk(prefix, "r", 0)])
+            await trio.testing.wait_all_tasks_blocked()  # it read and passed on chunk 0
+            worker.on_notices([wire.Lost("r", "stage 0 (thinker) lost its worker")])
+            await trio.testing.wait_all_tasks_blocked()
+            assert failure(worker, "r") == (
+                "ChunkLostError: request 'r': stage 0 (thinker) lost its worker"
+            )
+            worker.release_all()
+    finally:
+        _shm.sweep(prefix)
+
+
+async def test_a_lost_notice_after_the_end_of_the_stream_changes_nothing():
+    """Every notice arrived before the upstream worker died: what was read is whole."""
+    prefix = _shm.new_prefix()
+    worker = make_worker(prefix)
+    try:
+        async with trio.open_nursery() as nursery:
+            worker.handle(wire.Submit("r", None), nursery)
+            worker.on_notices([upstream_chunk(prefix, "r", 0), wire.Chunk("r", "", 0, eos=True)])
+            worker.on_notices([wire.Lost("r", "gone")])
+            await trio.testing.wait_all_tasks_blocked()
+            outputs = [f for f in sent(worker) if type(f) is wire.Output]
+            assert [(o.data, o.finished) for o in outputs] == [("CHUNK", False), (None, True)]
+            worker.release_all()
+    finally:
+        _shm.sweep(prefix)
+
+
+async def test_a_lost_notice_before_the_submit_is_kept_for_it():
+    prefix = _shm.new_prefix()
+    worker = make_worker(prefix)
+    try:
+        async with trio.open_nursery() as nursery:
+            worker.on_notices([wire.Lost("r", "gone")])
+            worker.handle(wire.Submit("r", None), nursery)
+            await trio.testing.wait_all_tasks_blocked()
+            assert failure(worker, "r") == "ChunkLostError: request 'r': gone"
+            worker.release_all()
+    finally:
+        _shm.sweep(prefix)
+
+
+async def test_a_chunk_whose_segment_is_gone_fails_its_request():
+    prefix = _shm.new_prefix()
+    worker = make_worker(prefix)
+    try:
+        async with trio.open_nursery() as nursery:
+            worker.handle(wire.Submit("r", None), nursery)
+            chunk = upstream_chunk(prefix, "r", 0)
+            _shm.unlink(chunk.key)  # swept with the worker that wrote it
+            worker.on_notices([chunk])
+            await trio.testing.wait_all_tasks_blocked()
+            assert failure(worker, "r") == (
+                f"ChunkLostError: request 'r': chunk {chunk.key} is gone "
+                f"(the upstream stage lost its worker)"
+            )
+            worker.release_all()
+    finally:
+        _shm.sweep(prefix)
+
+
+async def test_a_chunk_of_another_request_is_never_read_as_this_ones():
+    prefix = _shm.new_prefix()
+    worker = make_worker(prefix)
+    try:
+        async with trio.open_nursery() as nursery:
+            worker.handle(wire.Submit("r", None), nursery)
+            chunk = upstream_chunk(prefix, "r", 0, owner="someone-else")
+            worker.on_notices([chunk])
+            await trio.testing.wait_all_tasks_blocked()
+            assert failure(worker, "r") == (
+                f"ChunkLostError: request 'r': segment {chunk.key} holds a chunk of "
+                f"request 'someone-else'"
+            )
+            assert not [f for f in sent(worker) if type(f) is wire.Output and f.data]
+            worker.release_all()
+    finally:
+        _shm.sweep(prefix)
+
+
+def test_segment_names_belong_to_one_worker_generation():
+    prefix = _shm.new_prefix()
+    first = make_worker(prefix)
+    second = _Worker(
+        wire.Init(1, "relay", "process_engines:relay", {}, prefix, generation=2),
+        relay(),
+        first.control,
+        first.chunks,
+    )
+    assert first.segment_prefix == f"{prefix}-1-1-"
+    assert second.segment_prefix == f"{prefix}-1-2-"

@@ -10,6 +10,7 @@ import importlib
 import sys
 import typing
 from collections.abc import Callable, Iterable, Mapping
+from types import FunctionType
 from typing import Any, NoReturn, TypeVar
 
 __all__ = [
@@ -79,8 +80,8 @@ def lazy_exports(
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``__getattr__`` and ``__dir__`` for a package that re-exports names on demand.
 
-    ``exports`` maps a private module (relative, like ``"._core"``) to the public names
-    it defines. Nothing is imported until a public name is first asked for; then every
+    ``exports`` maps a submodule (relative, like ``"._core"``) to the public names it
+    defines. Nothing is imported until a public name is first asked for; then every
     one is, at once, and each object reports the public namespace as its
     ``__module__`` (so reprs and docs say ``omni_trio.Name``, not
     ``omni_trio._module.Name``). A process that needs only a corner of the package --
@@ -94,7 +95,9 @@ def lazy_exports(
             source = importlib.import_module(module, namespace)
             for name in names:
                 value = getattr(source, name)
-                if getattr(value, "__module__", "").startswith(f"{namespace}._"):
+                if isinstance(value, (type, FunctionType)) and value.__module__.startswith(
+                    f"{namespace}."
+                ):
                     value.__module__ = namespace
                 package[name] = value  # from now on found without __getattr__
         return package

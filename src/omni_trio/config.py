@@ -37,15 +37,16 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
+import attrs
 import msgspec
 
 from ._util import import_object
+from .process._options import WorkerOptions
 
 __all__ = [
     "ConfigError",
     "PipelineConfig",
     "PipelineSection",
-    "Runtime",
     "StageConfig",
     "load_pipeline",
     "parse_pipeline",
@@ -54,16 +55,6 @@ __all__ = [
 
 class ConfigError(ValueError):
     """An invalid pipeline config; the message starts with the offending key."""
-
-
-class Runtime(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
-    """How a stage's worker process is run (see ``open_process_stage``)."""
-
-    restart: bool = False
-    heartbeat_interval: float = 1.0
-    heartbeat_timeout: float = 10.0
-    startup_timeout: float = 30.0
-    completion_delay: float = 0.0
 
 
 class StageConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -78,7 +69,8 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froz
     final_output_type: Literal["text", "audio"] = "text"
     custom_process_input_func: str | None = None
     prewarm_func: str | None = None
-    runtime: Runtime = Runtime()
+    runtime: WorkerOptions = WorkerOptions()
+    """``[stages.runtime]``: how its worker process is run."""
 
     @property
     def label(self) -> str:
@@ -180,8 +172,24 @@ def parse_pipeline(text: str, *, source: str = "<config>") -> PipelineConfig:
         raise ConfigError(f"{source}: {exc}") from None
     except msgspec.DecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    _check_runtime_keys(text, source)
     _check(config, source)
     return config
+
+
+_RUNTIME_KEYS = frozenset(field.name for field in attrs.fields(WorkerOptions))
+
+
+def _check_runtime_keys(text: str, source: str) -> None:
+    """Refuse unknown ``[stages.runtime]`` keys (msgspec ignores them in attrs classes,
+    as it cannot in its own structs)."""
+    raw = msgspec.toml.decode(text)
+    for index, stage in enumerate(raw.get("stages", [])):
+        for key in stage.get("runtime", {}):
+            if key not in _RUNTIME_KEYS:
+                raise ConfigError(
+                    f"{source}: stages[{index}].runtime: Object contains unknown field `{key}`"
+                )
 
 
 def load_pipeline(path: str | Path) -> PipelineConfig:
@@ -226,12 +234,6 @@ def _check(config: PipelineConfig, source: str) -> None:
             )
         if stage.custom_process_input_func is not None and index == 0:
             fail(f"{key}.custom_process_input_func", "stage 0's input is the prompt")
-        runtime = stage.runtime
-        for field in ("heartbeat_interval", "heartbeat_timeout", "startup_timeout"):
-            if not getattr(runtime, field) > 0:
-                fail(f"{key}.runtime.{field}", "must be a positive number of seconds")
-        if runtime.completion_delay < 0:
-            fail(f"{key}.runtime.completion_delay", "must not be negative")
     if not config.final_stage_ids:
         fail("stages", "no stage has final_output = true: nothing would reach the user")
     if config.pipeline.async_chunk and config.pipeline.connector == "none":

@@ -40,7 +40,7 @@ from .._inbox import (
 )
 from .._messages import OrchOutput, StageOutput
 from .._sink import OutboxBase, StreamBase
-from .._util import describe
+from .._util import NoPublicConstructor, describe, final
 
 if sys.version_info >= (3, 11):
     from asyncio import TaskGroup, timeout, timeout_at
@@ -165,6 +165,7 @@ class _Outbox(OutboxBase):
         return EndOfOutputs()
 
 
+@final
 class AsyncioRequestStream(StreamBase):
     """One request's outputs, in order, ending with its terminal (``async for``);
     :meth:`receive` raises :class:`EndOfOutputs` once the terminal was received."""
@@ -173,7 +174,8 @@ class AsyncioRequestStream(StreamBase):
         super().__init__(request_id, _Outbox())
 
 
-class AsyncioOrchestrator(OrchestratorBase):
+@final
+class AsyncioOrchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
     """A running asyncio twin; get one from :func:`open_asyncio_orchestrator`."""
 
     _results: _Outbox
@@ -414,7 +416,7 @@ async def open_asyncio_orchestrator(
         max_in_flight=max_in_flight,
         shutdown_grace=shutdown_grace,
     )
-    orchestrator = AsyncioOrchestrator(
+    orchestrator = AsyncioOrchestrator._create(
         core, checked, max_in_flight=max_in_flight, shutdown_grace=shutdown_grace
     )
     with unwrap_single_exception():

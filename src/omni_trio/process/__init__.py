@@ -2,27 +2,48 @@
 
 :func:`open_process_stage` runs a stage's engine (see :data:`Engine`) in its own
 process and hands back a :class:`~omni_trio.Stage`; :func:`open_shm_connector` relays
-the chunks stages stream to each other in async_chunk mode.
+the chunks stages stream to each other in async_chunk mode;
+:func:`open_process_pipeline` starts a whole pipeline from a config.
 """
 
-from ._connector import ShmConnector, open_shm_connector
-from ._engine import ChunkIO, Engine, EngineFactory, EngineRequest
-from ._pipeline import ProcessPipeline, open_process_pipeline
-from ._stage import ProcessStage, WorkerStartError, open_process_stage
-from ._wire import MAX_FRAME, ProtocolError
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "MAX_FRAME",
-    "ChunkIO",
-    "Engine",
-    "EngineFactory",
-    "EngineRequest",
-    "ProcessPipeline",
-    "ProcessStage",
-    "ProtocolError",
-    "ShmConnector",
-    "WorkerStartError",
-    "open_process_pipeline",
-    "open_process_stage",
-    "open_shm_connector",
-]
+from .._util import lazy_exports
+
+if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
+    from ._connection import WorkerStartError as WorkerStartError
+    from ._connector import ConnectorStatistics as ConnectorStatistics
+    from ._connector import ShmConnector as ShmConnector
+    from ._connector import open_shm_connector as open_shm_connector
+    from ._engine import ChunkIO as ChunkIO
+    from ._engine import ChunkLostError as ChunkLostError
+    from ._engine import Engine as Engine
+    from ._engine import EngineFactory as EngineFactory
+    from ._engine import EngineRequest as EngineRequest
+    from ._options import WorkerOptions as WorkerOptions
+    from ._pipeline import ProcessPipeline as ProcessPipeline
+    from ._pipeline import open_process_pipeline as open_process_pipeline
+    from ._stage import ProcessStage as ProcessStage
+    from ._stage import ProcessStageStatistics as ProcessStageStatistics
+    from ._stage import WorkerUnavailableError as WorkerUnavailableError
+    from ._stage import open_process_stage as open_process_stage
+    from ._wire import MAX_FRAME as MAX_FRAME
+    from ._wire import ProtocolError as ProtocolError
+
+_EXPORTS = {
+    "._connection": ["WorkerStartError"],
+    "._connector": ["ConnectorStatistics", "ShmConnector", "open_shm_connector"],
+    "._engine": ["ChunkIO", "ChunkLostError", "Engine", "EngineFactory", "EngineRequest"],
+    "._options": ["WorkerOptions"],
+    "._pipeline": ["ProcessPipeline", "open_process_pipeline"],
+    "._stage": [
+        "ProcessStage",
+        "ProcessStageStatistics",
+        "WorkerUnavailableError",
+        "open_process_stage",
+    ],
+    "._wire": ["MAX_FRAME", "ProtocolError"],
+}
+__all__ = sorted(name for names in _EXPORTS.values() for name in names)
+# Imported on first use: a stage worker imports this package but needs none of it.
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import attrs
 
-__all__ = ["ChunkIO", "Engine", "EngineFactory", "EngineRequest"]
+__all__ = ["ChunkIO", "ChunkLostError", "Engine", "EngineFactory", "EngineRequest"]
 
 
 @attrs.frozen
@@ -38,12 +38,20 @@ class EngineRequest:
     stage_id: int
 
 
+class ChunkLostError(Exception):
+    """Raised by ``async for chunk in io`` when chunks of the request were lost: the
+    upstream stage's worker died before they were read (its shared memory went with
+    it). The request cannot complete; letting the error end the engine fails it."""
+
+
 class ChunkIO(Protocol):
     """A request's link to the neighbouring stages (async_chunk mode).
 
     Chunks are bytes; they travel in shared memory, and only their keys through the
     connector. A stage's chunks stay readable until the orchestrator releases the
-    request, which it does only once every stage has reported completion.
+    request, which it does only once every stage has reported completion -- unless
+    the worker that wrote them dies first: then reading raises
+    :class:`ChunkLostError`.
     """
 
     @property
@@ -55,7 +63,9 @@ class ChunkIO(Protocol):
         """Hand ``chunk`` to the downstream stage(s)."""
 
     def __aiter__(self) -> AsyncIterator[bytes]:
-        """The upstream stage's chunks for this request, until it is done."""
+        """The upstream stage's chunks for this request, until it is done.
+
+        Raises :class:`ChunkLostError` where chunks went missing."""
 
 
 Engine = Callable[[EngineRequest, ChunkIO], AsyncIterator[Any]]

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ..config import PipelineConfig
+from .._util import final
 from . import _shm
 from ._connector import ShmConnector, open_shm_connector
 from ._stage import ProcessStage, open_process_stage
 
+if TYPE_CHECKING:  # the config module depends on this wing, not the other way round
+    from ..config import PipelineConfig
+
 __all__ = ["ProcessPipeline", "open_process_pipeline"]
 
 
+@final
 @attrs.frozen
 class ProcessPipeline:
     """Running process stages, ready for :func:`omni_trio.open_orchestrator`::
@@ -62,10 +66,11 @@ async def open_process_pipeline(config: PipelineConfig) -> AsyncIterator[Process
             connector = None
             if config.pipeline.async_chunk and config.pipeline.connector == "shm":
                 routes = {s.stage_id - 1: [s.stage_id] for s in config.stages if s.stage_id}
-                connector = await stack.enter_async_context(open_shm_connector(routes))
+                connector = await stack.enter_async_context(
+                    open_shm_connector(routes, prefix=prefix)
+                )
             stages = []
             for stage in config.stages:
-                runtime = stage.runtime
                 process_stage = await stack.enter_async_context(
                     open_process_stage(
                         stage.engine,
@@ -74,11 +79,7 @@ async def open_process_pipeline(config: PipelineConfig) -> AsyncIterator[Process
                         engine_args=stage.engine_args,
                         prefix=prefix,
                         connector=connector,
-                        heartbeat_interval=runtime.heartbeat_interval,
-                        heartbeat_timeout=runtime.heartbeat_timeout,
-                        startup_timeout=runtime.startup_timeout,
-                        restart=runtime.restart,
-                        completion_delay=runtime.completion_delay,
+                        options=stage.runtime,
                     )
                 )
                 stages.append(process_stage)

@@ -1,5 +1,9 @@
 """The wire between the orchestrator's process and a stage worker: framed msgpack.
 
+Its message types are this boundary's own vocabulary; code on either side refers to
+them through the module (``wire.Submit``, ``wire.Abort``), never as bare names, so a
+frame is never mistaken for the core's commands or the handler's messages.
+
 Every message is one frame: a 4-byte big-endian length, then a msgspec-msgpack body
 of one of the tagged structs below. Decoding validates the whole message against the
 struct types of its direction, so a frame that is not exactly one of them -- garbage,
@@ -25,6 +29,7 @@ __all__ = [
     "FrameReader",
     "FrameWriter",
     "Init",
+    "Lost",
     "Output",
     "Ping",
     "Pong",
@@ -54,13 +59,16 @@ class _Message(msgspec.Struct, tag=True, array_like=True):
 
 
 class Init(_Message):
-    """First frame: what the worker is and runs."""
+    """First frame: what the worker is and runs. ``generation`` counts the stage's
+    workers (1, then 2 after a restart, ...): it makes the names of the shared-memory
+    segments a worker creates its own, never a predecessor's."""
 
     stage_id: int
     name: str
     engine: str
     engine_args: dict[str, Any]
     prefix: str
+    generation: int = 1
     completion_delay: float = 0.0
 
 
@@ -126,13 +134,23 @@ class Chunk(_Message):
     eos: bool = False
 
 
+class Lost(_Message):
+    """From the relay: the upstream worker that was streaming ``request_id`` died, so
+    chunks of it may be missing (its segments were freed with it)."""
+
+    request_id: str
+    reason: str
+
+
 ToWorker = Init | Submit | Abort | Release | Ping | Shutdown
 FromWorker = Ready | Fatal | Output | Failed | Pong
+FromRelay = Chunk | Lost
 
 _encoder = msgspec.msgpack.Encoder()
 DECODE_TO_WORKER = msgspec.msgpack.Decoder(ToWorker)
 DECODE_FROM_WORKER = msgspec.msgpack.Decoder(FromWorker)
-DECODE_CHUNK = msgspec.msgpack.Decoder(Chunk)
+DECODE_TO_RELAY = msgspec.msgpack.Decoder(Chunk)
+DECODE_FROM_RELAY = msgspec.msgpack.Decoder(FromRelay)
 
 
 def encode(message: _Message) -> bytes:

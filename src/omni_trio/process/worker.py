@@ -5,13 +5,17 @@ Started by :func:`omni_trio.process.open_process_stage` as
 connection carries frames from the orchestrator (``Init`` first, then ``Submit``,
 ``Abort``, ``Release``, ``Ping``, ``Shutdown``) and back (``Ready``/``Fatal``,
 ``Output``, ``Failed``, ``Pong``). The connector connection, in async_chunk mode,
-carries ``Chunk`` notifications to and from the orchestrator's relay; the chunks
-themselves are in shared memory.
+carries ``Chunk`` notices to the orchestrator's relay and ``Chunk`` and ``Lost``
+notices from it; the chunks themselves are in shared memory.
+
+It imports only what it needs -- the wire, the segments, the engine API and the
+foundations -- none of the orchestrator's modules.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import socket
@@ -23,27 +27,8 @@ import trio
 
 from .._util import describe, import_object
 from . import _shm
-from ._engine import Engine, EngineRequest
-from ._wire import (
-    DECODE_CHUNK,
-    DECODE_TO_WORKER,
-    Abort,
-    Chunk,
-    Failed,
-    Fatal,
-    FrameReader,
-    FrameWriter,
-    Init,
-    Output,
-    Ping,
-    Pong,
-    ProtocolError,
-    Ready,
-    Release,
-    Shutdown,
-    Submit,
-    encode,
-)
+from . import _wire as wire
+from ._engine import ChunkLostError, Engine, EngineRequest
 
 __all__ = ["main"]
 
@@ -53,14 +38,30 @@ _REMEMBER_RELEASED = 4096
 
 
 class _Request:
-    __slots__ = ("inbox_receive", "inbox_send", "number", "scope", "segments", "sent")
+    """One request as this worker knows it: its engine task, its upstream chunks, the
+    segments it created."""
+
+    __slots__ = (
+        "eof",
+        "inbox_receive",
+        "inbox_send",
+        "number",
+        "scope",
+        "segments",
+        "sent",
+        "upstream_done",
+    )
 
     def __init__(self, number: int) -> None:
         self.number = number
         self.scope = trio.CancelScope()
         self.segments: list[str] = []  # created for this request; freed at release
         self.sent = 0
-        self.inbox_send, self.inbox_receive = trio.open_memory_channel[Chunk](math.inf)
+        self.inbox_send, self.inbox_receive = trio.open_memory_channel[wire.Chunk | wire.Lost](
+            math.inf
+        )
+        self.upstream_done = False  # its end of stream arrived: nothing more can be lost
+        self.eof = False  # the engine has read to the end
 
 
 class _ChunkIO:
@@ -82,39 +83,59 @@ class _ChunkIO:
         # Checkpoint first: an engine resumed after its request was aborted and
         # released must stop here, before it creates a segment nobody would free.
         await trio.lowlevel.checkpoint()
-        name = f"{worker.init.prefix}-{worker.init.stage_id}-{request.number}-{request.sent}"
+        name = f"{worker.segment_prefix}{request.number}-{request.sent}"
         request.sent += 1
-        size = _shm.create(name, chunk)
+        size = _shm.create(name, self._request_id, chunk)
         request.segments.append(name)
-        worker.chunks.send_nowait(encode(Chunk(self._request_id, name, size)))
+        worker.chunks.send_nowait(wire.encode(wire.Chunk(self._request_id, name, size)))
 
     def end(self) -> None:
         if self._worker.chunks is not None:
-            self._worker.chunks.send_nowait(encode(Chunk(self._request_id, "", 0, eos=True)))
+            self._worker.chunks.send_nowait(
+                wire.encode(wire.Chunk(self._request_id, "", 0, eos=True))
+            )
 
     def __aiter__(self) -> _ChunkIO:
         return self
 
     async def __anext__(self) -> bytes:
-        chunk = await self._request.inbox_receive.receive()
-        if chunk.eos:
-            self._request.inbox_send.send_nowait(chunk)  # stays ended for the next call
+        request = self._request
+        if request.eof:
+            await trio.lowlevel.checkpoint()
             raise StopAsyncIteration
-        return _shm.read(chunk.key, chunk.size)
+        notice = await request.inbox_receive.receive()
+        if isinstance(notice, wire.Lost):
+            request.inbox_send.send_nowait(notice)  # stays broken for the next call
+            raise ChunkLostError(f"request {self._request_id!r}: {notice.reason}")
+        if notice.eos:
+            request.eof = True
+            raise StopAsyncIteration
+        try:
+            return _shm.read(notice.key, self._request_id, notice.size)
+        except FileNotFoundError:
+            raise ChunkLostError(
+                f"request {self._request_id!r}: chunk {notice.key} is gone "
+                f"(the upstream stage lost its worker)"
+            ) from None
+        except _shm.ForeignChunkError as exc:
+            raise ChunkLostError(f"request {self._request_id!r}: {exc}") from None
 
 
 class _Worker:
     def __init__(
         self,
-        init: Init,
+        init: wire.Init,
         engine: Engine,
-        control: FrameWriter,
-        chunks: FrameWriter | None,
+        control: wire.FrameWriter,
+        chunks: wire.FrameWriter | None,
     ) -> None:
         self.init = init
         self.engine = engine
         self.control = control
         self.chunks = chunks
+        #: Names of the segments this worker creates start with it: its stage's and
+        #: its generation's, so that no other worker, before or after, uses them.
+        self.segment_prefix = f"{init.prefix}-{init.stage_id}-{init.generation}-"
         self.requests: dict[str, _Request] = {}
         #: Recently released ids, oldest first: chunks that trail their request's
         #: release are dropped instead of starting a request that never ends.
@@ -131,28 +152,38 @@ class _Worker:
 
     def handle(self, message: Any, nursery: trio.Nursery) -> bool:
         """Apply one control message; ``False`` means shut down."""
-        if type(message) is Submit:
+        kind = type(message)
+        if kind is wire.Submit:
             self.released.pop(message.request_id, None)  # the id's next life
             request = self._request(message.request_id)
             nursery.start_soon(self._run, message.request_id, message.inputs, request)
-        elif type(message) is Abort:
+        elif kind is wire.Abort:
             running = self.requests.get(message.request_id)
             if running is not None:
                 running.scope.cancel()
-        elif type(message) is Release:
+        elif kind is wire.Release:
             self.release(message.request_id)
-        elif type(message) is Ping:
-            self.control.send_nowait(encode(Pong(message.seq)))
-        elif type(message) is Shutdown:
+        elif kind is wire.Ping:
+            self.control.send_nowait(wire.encode(wire.Pong(message.seq)))
+        elif kind is wire.Shutdown:
             return False
         else:
-            raise ProtocolError(f"unexpected {type(message).__name__} after Init")
+            raise wire.ProtocolError(f"unexpected {kind.__name__} after Init")
         return True
 
-    def on_chunks(self, chunks: list[Chunk]) -> None:
-        for chunk in chunks:
-            if chunk.request_id not in self.released:
-                self._request(chunk.request_id).inbox_send.send_nowait(chunk)
+    def on_notices(self, notices: list[wire.Chunk | wire.Lost]) -> None:
+        """Chunk and Lost notices from the relay, to the requests they are for."""
+        for notice in notices:
+            request_id = notice.request_id
+            if request_id in self.released:
+                continue
+            request = self._request(request_id)
+            if isinstance(notice, wire.Lost):
+                if request.upstream_done:
+                    continue  # every notice arrived; a chunk that went is found at its read
+            elif notice.eos:
+                request.upstream_done = True
+            request.inbox_send.send_nowait(notice)
 
     def release(self, request_id: str) -> None:
         self.released[request_id] = None
@@ -170,48 +201,49 @@ class _Worker:
 
     async def _run(self, request_id: str, inputs: Any, request: _Request) -> None:
         io = _ChunkIO(self, request_id, request)
+        control = self.control
         with request.scope:
             try:
                 stream = self.engine(EngineRequest(request_id, inputs, self.init.stage_id), io)
                 async with aclosing(stream):  # type: ignore[type-var]
                     async for data in stream:
-                        self.control.send_nowait(encode(Output(request_id, data, False)))
+                        control.send_nowait(wire.encode(wire.Output(request_id, data, False)))
                 io.end()
                 if self.init.completion_delay:  # a slow control path, for tests and demos
                     await trio.sleep(self.init.completion_delay)
-                self.control.send_nowait(encode(Output(request_id, None, True)))
+                control.send_nowait(wire.encode(wire.Output(request_id, None, True)))
             except Exception as exc:
-                self.control.send_nowait(encode(Failed(request_id, describe(exc))))
+                control.send_nowait(wire.encode(wire.Failed(request_id, describe(exc))))
 
 
 async def _serve(control_socket: socket.socket, connector_socket: socket.socket | None) -> None:
     control = trio.SocketStream(trio.socket.from_stdlib_socket(control_socket))
-    reader = FrameReader(control, DECODE_TO_WORKER)
-    writer = FrameWriter(control)
-    chunks = None
+    reader = wire.FrameReader(control, wire.DECODE_TO_WORKER)
+    writer = wire.FrameWriter(control)
+    chunks = connector = None
     if connector_socket is not None:
         connector = trio.SocketStream(trio.socket.from_stdlib_socket(connector_socket))
-        chunks = FrameWriter(connector)
+        chunks = wire.FrameWriter(connector)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(writer.run)
+        nursery.start_soon(_write, writer)
         init, *early = await reader.receive()
-        if type(init) is not Init:
-            writer.send_nowait(encode(Fatal(f"expected Init first, got {type(init).__name__}")))
+        if type(init) is not wire.Init:
+            fatal = wire.Fatal(f"expected Init first, got {type(init).__name__}")
+            writer.send_nowait(wire.encode(fatal))
             writer.close()
             return
         try:
             engine = import_object(init.engine)(**init.engine_args)
         except Exception as exc:
-            writer.send_nowait(
-                encode(Fatal(f"cannot load engine {init.engine!r}: {describe(exc)}"))
-            )
+            fatal = wire.Fatal(f"cannot load engine {init.engine!r}: {describe(exc)}")
+            writer.send_nowait(wire.encode(fatal))
             writer.close()
             return
         worker = _Worker(init, engine, writer, chunks)
-        if chunks is not None:
-            nursery.start_soon(chunks.run)
-            nursery.start_soon(_read_chunks, connector, worker)
-        writer.send_nowait(encode(Ready(os.getpid())))
+        if chunks is not None and connector is not None:
+            nursery.start_soon(_write, chunks)
+            nursery.start_soon(_read_notices, connector, worker)
+        writer.send_nowait(wire.encode(wire.Ready(os.getpid())))
         try:
             messages = early  # whatever came in the same read as Init
             while True:
@@ -226,13 +258,17 @@ async def _serve(control_socket: socket.socket, connector_socket: socket.socket 
             nursery.cancel_scope.cancel()
 
 
-async def _read_chunks(connector: trio.SocketStream, worker: _Worker) -> None:
-    reader = FrameReader(connector, DECODE_CHUNK)
-    try:
+async def _write(writer: wire.FrameWriter) -> None:
+    """Run a writer; a peer that went away is the end of it, not an error."""
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        await writer.run()
+
+
+async def _read_notices(connector: trio.SocketStream, worker: _Worker) -> None:
+    reader = wire.FrameReader(connector, wire.DECODE_FROM_RELAY)
+    with contextlib.suppress(EOFError, trio.BrokenResourceError):
         while True:
-            worker.on_chunks(await reader.receive())
-    except EOFError:
-        pass
+            worker.on_notices(await reader.receive())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -244,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
     connector = None if args.connector_fd is None else socket.socket(fileno=args.connector_fd)
     try:
         trio.run(_serve, control, connector)
-    except ProtocolError as exc:
+    except wire.ProtocolError as exc:
         print(f"omni_trio worker: {exc}", file=sys.stderr)
         sys.exit(2)
 

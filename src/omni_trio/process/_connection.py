@@ -1,0 +1,292 @@
+"""One worker process and the control connection to it.
+
+A :class:`WorkerConnection` starts its process (:meth:`~WorkerConnection.start`: spawn,
+``Init``, ``Ready``), serves it until it is gone (:meth:`~WorkerConnection.run`: the
+write, read, heartbeat and exit-status tasks) and stops it (:meth:`~WorkerConnection.aclose`:
+``Shutdown``, a grace period, then a kill). It knows which requests it holds; what
+happens after it is gone -- a restart, failing those requests -- is its stage's
+business (:class:`omni_trio.process.ProcessStage`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+
+import trio
+
+from .._messages import StageItem, StageOutput
+from .._util import describe, final
+from . import _wire as wire
+from ._options import WorkerOptions
+
+__all__ = ["WorkerConnection", "WorkerStartError"]
+
+#: Why a worker is gone when its control connection closed before we knew more.
+CLOSED = "its control connection closed"
+
+
+class WorkerStartError(RuntimeError):
+    """A stage's worker process could not be started (its engine failed to load,
+    it exited, or it did not answer in time)."""
+
+
+def exit_reason(code: int) -> str:
+    """A worker's exit status, said as the reason it is gone."""
+    if code < 0:
+        try:
+            return f"it was killed by {signal.Signals(-code).name}"
+        except ValueError:  # pragma: no cover
+            return f"it was killed by signal {-code}"
+    return f"it exited with status {code}"
+
+
+@final
+class WorkerConnection:
+    """One worker process: its control connection, its tasks, its requests.
+
+    Attributes:
+      process: The worker process.
+      generation: Which of its stage's workers this is (1, 2, ... as it restarts).
+      in_flight: Requests submitted to it that it has not finished or failed.
+      unreleased: Requests submitted to it that its stage has not released: their
+          chunks may still be in its shared memory.
+      last_heard: When it last sent anything (``trio.current_time()``).
+      connector_socket: Its end of the connector connection, until the relay takes it.
+    """
+
+    def __init__(
+        self,
+        process: trio.Process,
+        control: socket.socket,
+        connector_socket: socket.socket | None,
+        *,
+        label: str,
+        generation: int,
+        options: WorkerOptions,
+    ) -> None:
+        self.process = process
+        self.generation = generation
+        self.connector_socket = connector_socket
+        self.in_flight: set[str] = set()
+        self.unreleased: set[str] = set()
+        self.last_heard = trio.current_time()
+        self._label = label
+        self._options = options
+        self._stream = trio.SocketStream(trio.socket.from_stdlib_socket(control))
+        self._reader = wire.FrameReader(self._stream, wire.DECODE_FROM_WORKER)
+        self._writer = wire.FrameWriter(self._stream)
+        self._scope: trio.CancelScope | None = None  # run()'s tasks
+        self._gone_because: str | None = None
+        self._delivering = False  # the reader waits for the stage's outputs channel
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def __repr__(self) -> str:
+        return f"<WorkerConnection {self._label} #{self.generation} pid={self.process.pid}>"
+
+    # -- starting -----------------------------------------------------------------------
+
+    @classmethod
+    async def start(
+        cls,
+        init: wire.Init,
+        options: WorkerOptions,
+        *,
+        label: str,
+        with_connector: bool,
+    ) -> WorkerConnection:
+        """Spawn ``python -m omni_trio.process.worker`` and wait for it to be ready.
+
+        Raises:
+          WorkerStartError: its engine could not be loaded, it exited, or it did not
+              answer within ``options.startup_timeout``. The process is gone then.
+        """
+        control, control_child = socket.socketpair()
+        connector = connector_child = None
+        if with_connector:
+            connector, connector_child = socket.socketpair()
+        children = [s for s in (control_child, connector_child) if s is not None]
+        command = [sys.executable, "-m", "omni_trio.process.worker"]
+        command += ["--control-fd", str(control_child.fileno())]
+        if connector_child is not None:
+            command += ["--connector-fd", str(connector_child.fileno())]
+        env = dict(os.environ)  # the worker imports what this process can
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        try:
+            process = await trio.lowlevel.open_process(
+                command, pass_fds=[s.fileno() for s in children], env=env
+            )
+        except BaseException:
+            for sock in (control, connector):
+                if sock is not None:
+                    sock.close()
+            raise
+        finally:
+            for child in children:
+                child.close()
+        worker = cls(
+            process, control, connector, label=label, generation=init.generation, options=options
+        )
+        try:
+            await worker._handshake(init)
+        except BaseException:
+            await worker.aclose(grace=0)  # not ready: no work to finish, kill it now
+            raise
+        return worker
+
+    async def _handshake(self, init: wire.Init) -> None:
+        timeout = self._options.startup_timeout
+        with trio.move_on_after(timeout) as waited:
+            await self._stream.send_all(wire.encode(init))
+            try:
+                first = (await self._reader.receive())[0]
+            except (EOFError, wire.ProtocolError, trio.BrokenResourceError) as exc:
+                raise WorkerStartError(
+                    f"{self._label}: the worker did not start: {describe(exc)}"
+                ) from None
+        if waited.cancelled_caught:
+            raise WorkerStartError(f"{self._label}: the worker did not answer within {timeout} s")
+        if type(first) is wire.Fatal:
+            raise WorkerStartError(f"{self._label}: {first.message}")
+        if type(first) is not wire.Ready:
+            raise WorkerStartError(f"{self._label}: expected Ready, got {type(first).__name__}")
+        self.last_heard = trio.current_time()
+
+    # -- what its stage sends -----------------------------------------------------------
+
+    def submit(self, request_id: str, frame: bytes) -> None:
+        """Send an encoded ``wire.Submit`` for ``request_id``."""
+        self._writer.send_nowait(frame)
+        self.in_flight.add(request_id)
+        self.unreleased.add(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._writer.send_nowait(wire.encode(wire.Abort(request_id)))
+
+    def release(self, request_id: str) -> None:
+        self.in_flight.discard(request_id)
+        self.unreleased.discard(request_id)
+        self._writer.send_nowait(wire.encode(wire.Release(request_id)))
+
+    # -- serving ------------------------------------------------------------------------
+
+    async def run(self, outputs: trio.MemorySendChannel[StageItem]) -> str:
+        """Serve the worker until it is gone; return why it went.
+
+        Its outputs go to ``outputs`` as lists (one per batch of frames read), which
+        may wait: a worker whose stage's consumer is slow is not silent. A worker that
+        is dead to us (silent, broken, or fatal) is killed before this returns.
+        """
+        async with trio.open_nursery() as nursery:
+            self._scope = nursery.cancel_scope
+            nursery.start_soon(self._write)
+            nursery.start_soon(self._read, outputs)
+            nursery.start_soon(self._heartbeat)
+            nursery.start_soon(self._wait)
+        reason = self._gone_because or "unknown"
+        if self.process.returncode is None:
+            self.process.kill()
+        if reason == CLOSED:  # the exit status says more, if it comes promptly
+            with trio.move_on_after(1.0):
+                reason = exit_reason(await self.process.wait())
+        return reason
+
+    def _gone(self, why: str) -> None:
+        if self._gone_because is None:
+            self._gone_because = why
+        assert self._scope is not None
+        self._scope.cancel()
+
+    async def _write(self) -> None:
+        try:
+            await self._writer.run()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._gone(f"its control connection broke: {describe(exc)}")
+
+    async def _read(self, outputs: trio.MemorySendChannel[StageItem]) -> None:
+        in_flight = self.in_flight
+        try:
+            while True:
+                frames = await self._reader.receive()
+                self.last_heard = trio.current_time()
+                items: list[StageOutput] = []
+                for frame in frames:
+                    kind = type(frame)
+                    if kind is wire.Output:
+                        items.append(StageOutput(frame.request_id, frame.data, frame.finished))
+                        if frame.finished:
+                            in_flight.discard(frame.request_id)
+                    elif kind is wire.Failed:
+                        items.append(StageOutput(frame.request_id, error=frame.error))
+                        in_flight.discard(frame.request_id)
+                    elif kind is wire.Fatal:
+                        self._gone(f"it reported a fatal error: {frame.message}")
+                        return
+                    elif kind is not wire.Pong:
+                        self._gone(f"it sent an unexpected {kind.__name__}")
+                        return
+                if items:
+                    self._delivering = True  # backpressure is not silence
+                    await outputs.send(items)
+                    self._delivering = False
+                    self.last_heard = trio.current_time()
+        except EOFError:
+            self._gone(CLOSED)
+        except (wire.ProtocolError, trio.BrokenResourceError) as exc:
+            self._gone(describe(exc))
+
+    async def _heartbeat(self) -> None:
+        options = self._options
+        seq = 0
+        while True:
+            await trio.sleep(options.heartbeat_interval)
+            silent = trio.current_time() - self.last_heard
+            if silent > options.heartbeat_timeout and not self._delivering:
+                self._gone(f"it answered no heartbeat for {silent:.1f} s")
+                return
+            seq += 1
+            self._writer.send_nowait(wire.encode(wire.Ping(seq)))
+
+    async def _wait(self) -> None:
+        self._gone(exit_reason(await self.process.wait()))
+
+    # -- stopping -----------------------------------------------------------------------
+
+    def kill(self) -> None:
+        """SIGKILL the process, as a crash would."""
+        if self.process.returncode is None:
+            self.process.kill()
+
+    async def aclose(self, grace: float | None = None) -> None:
+        """Stop the worker: ``Shutdown``, up to ``grace`` seconds (default: the
+        options' ``shutdown_grace``) to exit, then a kill. Shielded from cancellation,
+        and bounded: it takes at most ``grace`` plus the time to kill a process."""
+        if grace is None:
+            grace = self._options.shutdown_grace
+        process = self.process
+        with trio.CancelScope(shield=True):
+            if process.returncode is None:
+                with trio.move_on_after(grace):
+                    with contextlib.suppress(
+                        trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError
+                    ):
+                        await self._stream.send_all(wire.encode(wire.Shutdown()))
+                    await process.wait()
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+            await self._stream.aclose()
+        if self.connector_socket is not None:
+            self.connector_socket.close()
+            self.connector_socket = None
+
+    def take_connector_socket(self) -> socket.socket | None:
+        """Hand the connector connection over (to the relay, which closes it)."""
+        sock, self.connector_socket = self.connector_socket, None
+        return sock

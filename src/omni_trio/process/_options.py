@@ -1,0 +1,41 @@
+"""How a stage's worker process is run: one options object for every way in."""
+
+from __future__ import annotations
+
+import attrs
+
+from .._checks import seconds
+from .._util import final
+
+__all__ = ["WorkerOptions"]
+
+
+@final
+@attrs.frozen(kw_only=True)
+class WorkerOptions:
+    """How a stage's worker process is run and supervised.
+
+    The same object is a pipeline config's ``[stages.runtime]`` table and the
+    ``options=`` of :func:`open_process_stage`. Every field has a default; a value out
+    of range raises ``ValueError`` naming the field.
+
+    Attributes:
+      restart: Restart a dead worker: its in-flight requests fail, and later ones (and
+          those submitted while it restarts) run on the new worker. Without it, the
+          stage's ``outputs`` end, and the orchestrator marks the stage dead.
+      heartbeat_interval: Seconds between pings to the worker.
+      heartbeat_timeout: A worker silent this long is dead (it is killed).
+      startup_timeout: Seconds a worker may take to load its engine; also how long a
+          submit waits for a restarting worker.
+      shutdown_grace: Seconds a worker may take to exit when its stage closes, before
+          it is killed.
+      completion_delay: Delay every completion report by this many seconds (a slow
+          control path, for tests and demonstrations).
+    """
+
+    restart: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    heartbeat_interval: float = attrs.field(default=1.0, validator=seconds(positive=True))
+    heartbeat_timeout: float = attrs.field(default=10.0, validator=seconds(positive=True))
+    startup_timeout: float = attrs.field(default=30.0, validator=seconds(positive=True))
+    shutdown_grace: float = attrs.field(default=5.0, validator=seconds(positive=False))
+    completion_delay: float = attrs.field(default=0.0, validator=seconds(positive=False))

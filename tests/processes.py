@@ -1,0 +1,78 @@
+"""Helpers for the tests that run real worker processes."""
+
+from __future__ import annotations
+
+import os
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import trio
+
+from omni_trio import open_orchestrator
+from omni_trio.config import parse_pipeline
+from omni_trio.process import _shm, open_process_pipeline
+
+STAGE = """
+[[stages]]
+stage_id = {sid}
+engine = "process_engines:{engine}"
+engine_args = {args}
+final_output = {final}
+{extra}
+"""
+
+
+def pipeline_config(*stages, async_chunk=True):
+    """stages: (engine, args, final, extra) per stage."""
+    text = f"""
+[pipeline]
+async_chunk = {str(async_chunk).lower()}
+connector = "{"shm" if async_chunk else "none"}"
+"""
+    for sid, (engine, args, final, extra) in enumerate(stages):
+        text += STAGE.format(
+            sid=sid, engine=engine, args=args, final=str(final).lower(), extra=extra
+        )
+    return parse_pipeline(text)
+
+
+def worker_processes():
+    """Pids of this process's live stage workers (any pipeline, any restart)."""
+    mine = str(os.getpid())
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:  # gone meanwhile
+            continue
+        state, ppid = fields[0], fields[1]
+        if ppid == mine and state != "Z" and b"omni_trio.process.worker" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+async def eventually(predicate):
+    """Poll another process's doing (segments unlinked, a worker restarted): it has no
+    event we could wait on. Fails after 10 s."""
+    with trio.fail_after(10):
+        while not predicate():  # noqa: ASYNC110 - the state is in another process
+            await trio.sleep(0.01)
+
+
+@asynccontextmanager
+async def running(config, **orchestrator_kwargs):
+    """A pipeline and an orchestrator over it; afterwards, nothing may be left: no
+    segment with its prefix, no worker process (the first ones, or any restarted)."""
+    assert worker_processes() == [], "a worker process of an earlier test is alive"
+    async with (
+        open_process_pipeline(config) as pipeline,
+        open_orchestrator(
+            *pipeline.orchestrator_args, **pipeline.orchestrator_kwargs, **orchestrator_kwargs
+        ) as orch,
+    ):
+        yield pipeline, orch
+    assert _shm.listing(pipeline.prefix) == [], "shared memory left behind"
+    assert worker_processes() == [], "a worker process outlived the block"

@@ -1,0 +1,175 @@
+"""Worker deaths and restarts, and closing a stage at any moment of them.
+
+Regression tests for two bugs of the first process wing: a restarted worker reused
+its predecessor's segment names (so one request read another's chunks), and a close
+that landed while a replacement worker was starting was lost (so leaving the block
+hung). Real processes, real time.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import trio
+
+from omni_trio.process import WorkerOptions, _shm, open_process_stage
+from processes import eventually, pipeline_config, running, worker_processes
+
+RESTART = "[stages.runtime]\nrestart = true"
+
+
+async def completion_of(stream, stage_id):
+    """Read ``stream`` up to stage ``stage_id``'s completion report; return what it read."""
+    outs = []
+    while True:
+        out = await stream.receive()
+        outs.append(out)
+        if out.stage_id == stage_id and out.data is None:
+            return outs
+
+
+async def test_a_restarted_worker_never_hands_a_request_another_requests_chunks():
+    """Stage 1 is paused while stage 0 finishes request "a" (its chunks wait unread in
+    stage 0's shared memory), then stage 0 is killed and restarted, and its new worker
+    runs request "c". Resumed, stage 1 must not read "c"'s chunks as "a"'s: "a" ends
+    with an error (its chunks went with the dead worker), "c" completes with its own."""
+    config = pipeline_config(
+        ("stream", "{ count = 3 }", True, RESTART),
+        ("relay", "{}", True, "[stages.runtime]\nheartbeat_timeout = 30.0"),
+    )
+    async with running(config) as (pipeline, orch):
+        thinker, talker = pipeline.stages
+        os.kill(talker.pid, signal.SIGSTOP)
+        try:
+            async with orch.open_request("a", request_id="a") as a:
+                await completion_of(a, 0)  # stage 0 finished "a"; stage 1 read nothing
+                first = thinker.pid
+                thinker.kill()
+                await eventually(lambda: thinker.pid not in (None, first))
+                async with orch.open_request("c", request_id="c") as c:
+                    c_outs = await completion_of(c, 0)
+                    os.kill(talker.pid, signal.SIGCONT)
+                    c_outs += [out async for out in c]
+                a_outs = [out async for out in a]
+        finally:
+            if talker.pid is not None:
+                os.kill(talker.pid, signal.SIGCONT)
+    assert [o.data for o in c_outs if o.stage_id == 1] == ["C:0:0", "C:0:1", "C:0:2", None]
+    assert c_outs[-1].finish_reason == "completed"
+    assert [o.data for o in a_outs if o.stage_id == 1 and o.data is not None] == []
+    assert a_outs[-1].finish_reason == "error"
+    assert a_outs[-1].stage_id == 1
+    assert "ChunkLostError" in a_outs[-1].error
+
+
+async def test_a_request_whose_chunks_all_went_with_the_worker_does_not_wait_forever():
+    """Not one chunk notice of "a" reached stage 1 before stage 0's worker died, not
+    even the end of its stream: the relay's Lost notice ends stage 1's wait."""
+    config = pipeline_config(
+        ("stream", "{ count = 2, delay = 0.05 }", True, RESTART),
+        ("relay", "{}", True, ""),
+    )
+    async with running(config) as (pipeline, orch):
+        async with orch.open_request("a", request_id="a") as a:
+            # The relay stops reading stage 0 (as if its worker died just after writing)
+            # before stage 0 has sent anything; stage 0 still finishes "a".
+            pipeline.connector.detach(0)
+            await completion_of(a, 0)
+            pipeline.stages[0].kill()
+            with trio.fail_after(10):
+                outs = [out async for out in a]
+        assert outs[-1].finish_reason == "error"
+        assert outs[-1].stage_id == 1
+        assert "ChunkLostError" in outs[-1].error
+        assert "stage 0 (stage0) lost its worker" in outs[-1].error
+        assert pipeline.connector.statistics().lost_notices == 1
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.3])
+async def test_leaving_while_a_worker_restarts_returns_in_time(delay):
+    """The engine exits mid-request, restart is on, and the block is left ``delay``
+    seconds after the request's terminal: while the replacement is starting."""
+    grace = 1.0
+    config = pipeline_config(
+        ("exits", "{ code = 3 }", True, f"{RESTART}\nshutdown_grace = {grace}"),
+    )
+    with trio.fail_after(grace + 10):  # a hang fails here instead of hanging the suite
+        async with running(config) as (_, orch):
+            async with orch.open_request("p") as stream:
+                outs = [out async for out in stream]
+            assert outs[-1].finish_reason == "error"
+            assert "it exited with status 3" in outs[-1].error
+            await trio.sleep(delay)
+            leaving = trio.current_time()
+    # running() asserts that no worker process and no segment is left.
+    assert trio.current_time() - leaving < grace + 2
+
+
+async def test_leaving_during_a_slow_restart_kills_the_starting_worker(tmp_path):
+    """The replacement takes 30 s to load its engine; leaving must not wait for it."""
+    marker = tmp_path / "loaded-once"
+    args = f'{{ marker = "{marker}", seconds = 30.0 }}'
+    config = pipeline_config(("exits_then_loads_slowly", args, True, RESTART))
+    with trio.fail_after(15):
+        async with running(config) as (_, orch):
+            async with orch.open_request("p") as stream:
+                assert [out async for out in stream][-1].finish_reason == "error"
+            await eventually(lambda: len(worker_processes()) == 1)  # the slow one starts
+            leaving = trio.current_time()
+    assert trio.current_time() - leaving < 3
+
+
+async def test_a_request_submitted_during_a_restart_runs_on_the_new_worker():
+    config = pipeline_config(("stream", "{ count = 2 }", True, RESTART))
+    async with running(config) as (pipeline, orch):
+        stage = pipeline.stages[0]
+        stage.kill()
+        await eventually(lambda: stage.pid is None)  # dead, the next one not ready yet
+        async with orch.open_request("later") as stream:
+            outs = [out async for out in stream]
+        assert outs[-1].finish_reason == "completed"
+        assert [o.data for o in outs] == ["later:0:0", "later:0:1", None]
+        assert stage.statistics().restarts == 1
+
+
+async def test_a_request_fails_clearly_when_no_worker_comes_back_in_time(tmp_path):
+    marker = tmp_path / "loaded-once"
+    args = f'{{ marker = "{marker}", seconds = 30.0 }}'
+    runtime = f"{RESTART}\nstartup_timeout = 1.0"
+    config = pipeline_config(("exits_then_loads_slowly", args, True, runtime))
+    async with running(config) as (_, orch):
+        async with orch.open_request("dies") as stream:
+            assert [out async for out in stream][-1].finish_reason == "error"
+        async with orch.open_request("waits") as stream:
+            outs = [out async for out in stream]
+    assert outs[-1].finish_reason == "error"
+    assert outs[-1].error.startswith("stage 0 submit raised WorkerUnavailableError: ")
+    assert "no new worker was ready within 1 s" in outs[-1].error
+
+
+async def test_a_process_stage_reports_its_statistics():
+    async with open_process_stage(
+        "process_engines:stream", options=WorkerOptions(restart=True)
+    ) as stage:
+        stats = stage.statistics()
+        assert stats.pid == stage.pid is not None
+        assert (stats.workers_started, stats.restarts, stats.deaths) == (1, 0, 0)
+        assert stats.in_flight == 0
+        assert 0 <= stats.seconds_since_heard < 5
+        await stage.submit("r", "x")
+        assert stage.statistics().in_flight == 1
+        outs = []
+        while not outs or not outs[-1].finished:
+            item = await stage.outputs.receive()
+            outs.extend(item if isinstance(item, list) else [item])
+        assert stage.statistics().in_flight == 0
+        await stage.release("r")
+        first = stage.pid
+        stage.kill()
+        await eventually(lambda: stage.pid not in (None, first))
+        stats = stage.statistics()
+        assert (stats.workers_started, stats.restarts, stats.deaths) == (2, 1, 1)
+    assert stage.pid is None
+    assert _shm.listing(stage.segment_prefix) == []
