@@ -39,4 +39,4 @@ def test_orchestrator_under_any_interleaving(fw, data):
             harness = OrchestratorHarness(fw, orch, stages)
             await run_scenario(harness, pipeline, script, data.draw)
 
-    fw.run(scenario)
+    fw.run(scenario, virtual_time=True)

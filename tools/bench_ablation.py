@@ -13,7 +13,8 @@ from __future__ import annotations
 import trio
 
 import omni_trio._outbox as outbox
-from omni_trio.bench._workloads import ASYNCIO, TRIO, Framework, per_event_cost, throughput
+from omni_trio.bench._workloads import per_event_cost, throughput
+from omni_trio.compare.frameworks import ASYNCIO, TRIO, Framework
 
 
 async def get_without_guarantees(self: outbox.Outbox) -> object:

@@ -74,133 +74,22 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
-_BENCH_ROWS = [
-    ("throughput_next_output", "1. throughput, next_output() (events/s)", "rate"),
-    ("throughput_streams", "2. throughput, per-request streams (events/s)", "rate"),
-    ("throughput_forward", "3. throughput, forward mode (events/s)", "rate"),
-    ("per_event_cost.10", "4. cost per event, 10 in flight", "time"),
-    ("per_event_cost.100", "   100 in flight", "time"),
-    ("per_event_cost.1000", "   1,000 in flight", "time"),
-    ("per_event_cost.10000", "   10,000 in flight", "time"),
-    ("latency.p50", "5. added latency p50, at half of Trio's 1.", "time"),
-    ("latency.p99", "   p99", "time"),
-    ("latency.max", "   max", "time"),
-    ("memory_per_request", "6. orchestrator state per request", "bytes"),
-    ("channel_hop", "7. one channel hop (the floor)", "time"),
-]
-
-
-def _lookup(result: dict[str, Any], key: str) -> float:
-    value: Any = result
-    for part in key.split("."):
-        value = value[part]
-    return float(value)
-
-
-def _format(value: float, kind: str) -> str:
-    if kind == "rate":
-        return f"{value / 1e3:,.0f}k"
-    if kind == "bytes":
-        return f"{value:,.0f} B"
-    return f"{value * 1e6:,.2f} µs" if value < 1e-3 else f"{value * 1e3:,.2f} ms"
-
-
 def _bench(args: argparse.Namespace) -> int:
-    import os
-    import subprocess
-    from importlib.util import find_spec
+    from .bench._report import print_report, run_bench
 
     if args.from_file:
         with open(args.from_file) as saved:
-            _print_bench(json.load(saved))
+            print_report(json.load(saved))
         return 0
-
-    implementations = ["trio", "asyncio"]
-    if find_spec("uvloop") is not None:
-        implementations.append("asyncio+uvloop")
-    results: dict[str, Any] = {}
-    console = Console(stderr=True)
-    for impl in implementations:  # trio first: its scenario 1 sets scenario 5's load
-        command = [sys.executable, "-m", "omni_trio.bench", "--impl", impl]
-        if args.quick:
-            command.append("--quick")
-        if "trio" in results:
-            load = results["trio"]["throughput_next_output"] / 2
-            command += ["--latency-load", str(load)]
-        with console.status(f"benchmarking {impl} ..."):
-            done = subprocess.run(command, capture_output=True, text=True, check=False)
-        if done.returncode:
-            console.print(done.stderr)
-            return done.returncode
-        results[impl] = json.loads(done.stdout)
-
-    def package(name: str) -> str | None:
-        try:
-            return version(name)
-        except Exception:  # not installed
-            return None
-
-    report = {
-        "command": " ".join(["omni-trio", *sys.argv[1:]]) if args.argv is None else args.argv,
-        "python": platform.python_version(),
-        "packages": {name: package(name) for name in ("omni-trio", "trio", "uvloop")},
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-        "quick": args.quick,
-        "results": results,
-        "goals": _goals(results),
-    }
+    argv = " ".join(["omni-trio", *sys.argv[1:]]) if args.argv is None else args.argv
+    report = run_bench(quick=args.quick, command=argv)
+    if report is None:
+        return 1
     if args.json:
         print(json.dumps(report, indent=2))
-        return 0
-    _print_bench(report)
+    else:
+        print_report(report)
     return 0
-
-
-def _goals(results: dict[str, Any]) -> dict[str, Any]:
-    trio_r, aio = results["trio"], results["asyncio"]
-    uv = results.get("asyncio+uvloop")
-    goals: dict[str, Any] = {}
-    for key in ("throughput_next_output", "throughput_streams"):
-        goals[f"{key} vs asyncio >= 1.2"] = trio_r[key] / aio[key]
-        if uv is not None:
-            goals[f"{key} vs uvloop >= 1.0"] = trio_r[key] / uv[key]
-    cost = trio_r["per_event_cost"]
-    goals["per-event cost 10,000 / 10 <= 1.25"] = cost["10000"] / cost["10"]
-    goals["latency p99 <= 1 ms"] = trio_r["latency"]["p99"] * 1e3
-    goals["memory per request <= 2048 B"] = trio_r["memory_per_request"]
-    return goals
-
-
-def _print_bench(report: dict[str, Any]) -> None:
-    results = report["results"]
-    impls = list(results)
-    console = Console()
-    packages = ", ".join(f"{k} {v}" for k, v in report["packages"].items() if v)
-    console.print(f"$ {report['command']}")
-    console.print(
-        f"Python {report['python']}; {packages}; {report['machine']['cpus']} CPUs"
-        + ("; --quick (sizes too small to compare)" if report["quick"] else "")
-    )
-    table = Table(show_lines=False)
-    table.add_column("scenario")
-    for impl in impls:
-        table.add_column(impl, justify="right")
-    for impl in impls[1:]:
-        table.add_column(f"trio / {impl}", justify="right")
-    for key, label, kind in _BENCH_ROWS:
-        values = [_lookup(results[impl], key) for impl in impls]
-        cells = [_format(v, kind) for v in values]
-        for other in values[1:]:
-            ratio = values[0] / other if kind == "rate" else other / values[0]
-            cells.append(f"{ratio:.2f}x")
-        table.add_row(label, *cells)
-    console.print(table)
-    load = results["trio"]["latency"]["rate"]
-    console.print(
-        f"Ratios > 1 mean Trio is faster, cheaper or smaller. 5. ran at {load:,.0f} events/s."
-    )
-    for goal, value in report["goals"].items():
-        console.print(f"  goal {goal}: {value:.3g}")
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -251,7 +140,7 @@ def _run(args: argparse.Namespace) -> int:
 
 async def _run_one(config: Any, args: argparse.Namespace) -> int:
     from . import open_orchestrator
-    from .demo.runner import write_wav
+    from ._audio import write_wav
     from .process import open_process_pipeline
 
     types = {s.stage_id: s.final_output_type for s in config.stages}

@@ -143,6 +143,19 @@ class Dispatcher:
 
     # -- the handler's side ------------------------------------------------------------
 
+    def step(self, batch: Iterable[InboxMessage], now: float) -> bool:
+        """One turn of the handler: apply ``batch`` at time ``now``, run the watchdog,
+        hand out what was decided. Returns whether a shutdown was among the messages
+        (the driver then ends its delivery queues, after the aborts just handed out)."""
+        self.core.now = now
+        shutdown = False
+        for message in batch:
+            self.apply(message)
+            shutdown = shutdown or type(message) is ShutdownCall
+        self.core.expire()
+        self.flush()
+        return shutdown
+
     def apply(self, message: InboxMessage) -> None:
         core = self.core
         if type(message) is OutputsArrived:

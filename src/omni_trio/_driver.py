@@ -16,7 +16,8 @@ import attrs
 from ._checks import check_max_in_flight, check_seconds
 from ._core import ForwardFn, Mode, OrchestratorCore, PrewarmFn, StageCommand
 from ._dispatch import Dispatcher, Slots
-from ._sink import OutboxBase
+from ._inbox import AdmitRequest, InboxMessage
+from ._sink import OutboxBase, StreamBase
 
 __all__ = ["OrchestratorBase", "OrchestratorStatistics", "prepare"]
 
@@ -158,6 +159,48 @@ class OrchestratorBase:
             commands_queued=tuple(dispatch.undelivered),
             admissions_waiting=dispatch.admissions_waiting,
         )
+
+    # -- what a driver's subclass supplies ----------------------------------------------
+
+    _closed: bool  # no more admissions (set when the block exits)
+
+    def _closed_error(self) -> Exception:
+        raise NotImplementedError
+
+    async def _wait_for_drains(self) -> None:
+        """Return once no ``drain()`` is in progress."""
+        raise NotImplementedError
+
+    async def _send_admission(self, admit: AdmitRequest) -> None:
+        """Put ``admit`` in the handler's inbox (the commit point), or raise
+        :meth:`_closed_error` if the orchestrator closed."""
+        raise NotImplementedError
+
+    # -- shared ---------------------------------------------------------------------------
+
+    async def _admit(
+        self,
+        request_id: str,
+        prompt: Any,
+        final_stage_ids: Iterable[int] | None,
+        stream: StreamBase | None,
+    ) -> None:
+        if self._closed:
+            raise self._closed_error()
+        await self._dispatch.admit(
+            request_id,
+            prompt,
+            final_stage_ids,
+            None if stream is None else stream._outbox,
+            wait_for_drains=self._wait_for_drains,
+            send=self._send_admission,
+        )
+
+    def _settle(self, leftovers: Iterable[InboxMessage]) -> None:
+        """The handler is ending: honour what was still in its inbox, end every
+        request, and end ``next_output()``'s outputs once they are taken."""
+        self._dispatch.settle(leftovers)
+        self._results.close()
 
     def _ready_outputs(self) -> list[Any]:
         """Every output for ``next_output()`` produced so far and not taken, without

@@ -227,25 +227,10 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         finally:
             self._draining.value -= 1
 
-    # -- admission -------------------------------------------------------------------
+    # -- what the base needs: waiting and sending ---------------------------------
 
-    async def _admit(
-        self,
-        request_id: str,
-        prompt: Any,
-        final_stage_ids: Iterable[int] | None,
-        stream: RequestStream | None,
-    ) -> None:
-        if self._closed:
-            raise _closed_error()
-        await self._dispatch.admit(
-            request_id,
-            prompt,
-            final_stage_ids,
-            None if stream is None else stream._outbox,
-            wait_for_drains=self._wait_for_drains,
-            send=self._send_admission,
-        )
+    def _closed_error(self) -> trio.ClosedResourceError:
+        return _closed_error()
 
     async def _wait_for_drains(self) -> None:
         if self._draining.value:
@@ -300,14 +285,9 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
                     batch = []
                     with trio.move_on_at(deadline):
                         batch = await _receive_batch(self._inbox)
-                core.now = trio.current_time()
-                for message in batch:
-                    dispatch.apply(message)
-                    if type(message) is ShutdownCall:
-                        for send, _ in self._command_channels:
-                            send.close()  # deliveries end once the aborts are out
-                core.expire()
-                dispatch.flush()
+                if dispatch.step(batch, trio.current_time()):
+                    for send, _ in self._command_channels:
+                        send.close()  # deliveries end once the aborts are out
         finally:
             self._close_inbox()
 
@@ -320,8 +300,7 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 break
         self._inbox.close()
-        self._dispatch.settle(leftovers)
-        self._results.close()
+        self._settle(leftovers)
 
     async def _read_stage(self, stage_id: int, outputs: trio.abc.ReceiveChannel[StageItem]) -> None:
         """Move stage ``stage_id``'s outputs to the handler, a batch at a time.

@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from ._workloads import ASYNCIO, ASYNCIO_UVLOOP, TRIO, run_all, throughput
-
-IMPLEMENTATIONS = {"trio": TRIO, "asyncio": ASYNCIO, "asyncio+uvloop": ASYNCIO_UVLOOP}
+from ..compare.frameworks import FRAMEWORKS
+from ._workloads import run_all, throughput
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m omni_trio.bench")
-    parser.add_argument("--impl", choices=sorted(IMPLEMENTATIONS), required=True)
+    parser.add_argument("--impl", choices=sorted(FRAMEWORKS), required=True)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--latency-load", type=float, help="scenario 5's offered load (events/s)")
     parser.add_argument(
@@ -21,7 +20,7 @@ def main() -> None:
         help="profile scenario 1 with pyinstrument instead of running everything",
     )
     args = parser.parse_args()
-    fw = IMPLEMENTATIONS[args.impl]
+    fw = FRAMEWORKS[args.impl]
     if args.profile:
         from pyinstrument import Profiler
 

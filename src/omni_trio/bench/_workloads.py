@@ -2,35 +2,28 @@
 
 Stages are in-process and emit as fast as possible -- every output of a request is
 put on the stage's channel when the request is submitted (or when the scenario
-releases it) -- so what is measured is the orchestrator's own cost per event. A tiny
-adapter gives the scenarios the few primitives that differ between trio and asyncio;
-it sits outside the orchestrator's hot path.
+releases it) -- so what is measured is the orchestrator's own cost per event. The
+framework adapter (:mod:`omni_trio.compare.frameworks`) gives the scenarios the few
+primitives that differ between trio and asyncio; it sits outside the orchestrator's
+hot path.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
-import math
 import statistics
-import sys
 import time
 import tracemalloc
 from collections.abc import Callable
-from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
 
-from .. import StageOutput, open_orchestrator
-from ..compare.asyncio_orchestrator import open_asyncio_orchestrator
+from .. import StageOutput
+from ..compare.frameworks import Framework
 
-if sys.version_info >= (3, 11):
-    from asyncio import TaskGroup
-else:  # pragma: no cover - exercised by the 3.10 session
-    from taskgroup import TaskGroup
-
-__all__ = ["ASYNCIO", "TRIO", "Framework", "run_all"]
+__all__ = ["BenchStage", "channel_hop", "run_all"]
 
 FINALS = {0, 2}
 
@@ -43,23 +36,23 @@ def _forward(stage_id: int, outputs: list[Any]) -> int:
     return len(outputs)
 
 
-# -- stages -----------------------------------------------------------------------------
+class BenchStage:
+    """A stage that emits a request's ``k`` outputs as soon as it is submitted, or
+    holds the submissions for the scenario to emit (``hold=True``).
 
-
-class _Emitter:
-    """The part of a bench stage that does not depend on the framework.
-
-    Outputs are built before the clock starts (``prepare``): building a frozen
+    Outputs are built before the clock starts (:meth:`prepare`): building a frozen
     ``StageOutput`` is the stage's cost, not the orchestrator's.
     """
 
-    def __init__(self, k: int, *, hold: bool) -> None:
+    def __init__(self, fw: Framework, k: int, *, hold: bool = False) -> None:
         self.k = k
         self.hold = hold  # keep submissions for the scenario instead of emitting at once
         self.held: list[str] = []
         self.count_only = False  # hold mode, remembering only how many (memory scenario)
         self.submitted = 0
         self.prepared: dict[str, list[StageOutput]] = {}
+        self.emit, self.outputs = fw.outputs_channel()
+        self._checkpoint = fw.checkpoint
 
     def prepare(self, request_ids: list[str]) -> None:
         last = self.k - 1
@@ -67,88 +60,20 @@ class _Emitter:
             rid: [StageOutput(rid, i, i == last) for i in range(self.k)] for rid in request_ids
         }
 
-    def keep(self, request_id: str) -> None:
-        self.submitted += 1
-        if not self.count_only:
-            self.held.append(request_id)
-
-    def outputs_for(self, request_id: str) -> list[StageOutput]:
-        return self.prepared.pop(request_id)
-
-
-class TrioBenchStage:
-    def __init__(self, k: int, *, hold: bool = False) -> None:
-        self._emitter = _Emitter(k, hold=hold)
-        self._send, self.outputs = trio.open_memory_channel[Any](math.inf)
-
     async def submit(self, request_id: str, inputs: Any) -> None:
-        if self._emitter.hold:
-            self._emitter.keep(request_id)
-        else:  # one item: the request's outputs arrive together, as in one frame
-            self._send.send_nowait(self._emitter.outputs_for(request_id))
-        await trio.lowlevel.checkpoint()
+        if not self.hold:  # one item: the request's outputs arrive together, as in one frame
+            self.emit(self.prepared.pop(request_id))
+        else:
+            self.submitted += 1
+            if not self.count_only:
+                self.held.append(request_id)
+        await self._checkpoint()
 
     async def abort(self, request_id: str) -> None:
-        await trio.lowlevel.checkpoint()
-
-    def emit(self, output: Any) -> None:
-        self._send.send_nowait(output)
+        await self._checkpoint()
 
 
-class AsyncioBenchStage:
-    def __init__(self, k: int, *, hold: bool = False) -> None:
-        self._emitter = _Emitter(k, hold=hold)
-        self.outputs: asyncio.Queue[Any] = asyncio.Queue()
-
-    async def submit(self, request_id: str, inputs: Any) -> None:
-        if self._emitter.hold:
-            self._emitter.keep(request_id)
-        else:  # one item: the request's outputs arrive together, as in one frame
-            self.outputs.put_nowait(self._emitter.outputs_for(request_id))
-        await asyncio.sleep(0)
-
-    async def abort(self, request_id: str) -> None:
-        await asyncio.sleep(0)
-
-    def emit(self, output: Any) -> None:
-        self.outputs.put_nowait(output)
-
-
-# -- the adapter --------------------------------------------------------------------------
-
-
-class Framework:
-    def __init__(
-        self,
-        name: str,
-        open_orch: Callable[..., Any],
-        stage: Callable[..., Any],
-        open_tasks: Callable[[], Any],
-        sleep: Callable[[float], Any],
-        run: Callable[[Callable[[], Any]], Any],
-        hop: Callable[[int], Any],
-    ) -> None:
-        self.name = name
-        self.open_orchestrator = open_orch
-        self.Stage = stage
-        self.open_tasks = open_tasks
-        self.sleep = sleep
-        self.run = run
-        self.hop = hop
-
-
-class _Tasks:
-    def __init__(self, group: Any) -> None:
-        self._group = group
-
-    def start_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        self._group.create_task(fn(*args))
-
-
-@asynccontextmanager
-async def _asyncio_tasks() -> Any:
-    async with TaskGroup() as group:
-        yield _Tasks(group)
+# -- one channel hop, the floor ------------------------------------------------------------
 
 
 async def _trio_hop(n: int) -> float:
@@ -181,38 +106,9 @@ async def _asyncio_hop(n: int) -> float:
     return (time.perf_counter() - start) / n
 
 
-TRIO = Framework(
-    "trio",
-    open_orchestrator,
-    TrioBenchStage,
-    trio.open_nursery,
-    trio.sleep,
-    trio.run,
-    _trio_hop,
-)
-
-
-def _asyncio_framework(uvloop: bool) -> Framework:
-    def run(fn: Callable[[], Any]) -> Any:
-        if uvloop:
-            import uvloop as uv
-
-            return uv.run(fn())
-        return asyncio.run(fn())
-
-    return Framework(
-        "asyncio+uvloop" if uvloop else "asyncio",
-        open_asyncio_orchestrator,
-        AsyncioBenchStage,
-        _asyncio_tasks,
-        asyncio.sleep,
-        run,
-        _asyncio_hop,
-    )
-
-
-ASYNCIO = _asyncio_framework(uvloop=False)
-ASYNCIO_UVLOOP = _asyncio_framework(uvloop=True)
+async def channel_hop(fw: Framework, n: int) -> float:
+    """Seconds per item through the framework's own channel, one task to another."""
+    return await (_trio_hop(n) if fw.name == "trio" else _asyncio_hop(n))
 
 
 def _settle_gc() -> None:
@@ -230,10 +126,10 @@ def _settle_gc() -> None:
 
 async def throughput(fw: Framework, n: int, k: int, *, streams: bool, mode: str) -> float:
     """Events (stage outputs) handled per second, N requests x K outputs x 3 stages."""
-    stages = [fw.Stage(k) for _ in range(3)]
+    stages = [BenchStage(fw, k) for _ in range(3)]
     ids = [f"r{i}" for i in range(n)]
     for stage in stages:
-        stage._emitter.prepare(ids)
+        stage.prepare(ids)
     fns = {"forward_fn": _forward} if mode == "forward" else {"prewarm_fn": _nothing}
     async with fw.open_orchestrator(stages, FINALS, **fns) as orch:
         _settle_gc()
@@ -261,17 +157,17 @@ async def throughput(fw: Framework, n: int, k: int, *, streams: bool, mode: str)
 async def per_event_cost(fw: Framework, in_flight: int, events: int) -> float:
     """Seconds per event with ``in_flight`` requests open while their outputs flow."""
     k = max(2, events // (3 * in_flight))
-    stages = [fw.Stage(k, hold=True) for _ in range(3)]
+    stages = [BenchStage(fw, k, hold=True) for _ in range(3)]
     async with fw.open_orchestrator(stages, FINALS, prewarm_fn=_nothing) as orch:
         for i in range(in_flight):
             await orch.add_request(f"r{i}", None)
-        while len(stages[2]._emitter.held) < in_flight:  # every submit delivered
+        while len(stages[2].held) < in_flight:  # every submit delivered
             await fw.sleep(0)
         plan = [
             (stage, StageOutput(rid, i, i == k - 1))
             for i in range(k)  # round-robin over every request: all stay in flight
             for stage in stages
-            for rid in stage._emitter.held
+            for rid in stage.held
         ]
         _settle_gc()
         start = time.perf_counter()
@@ -295,14 +191,14 @@ async def latency(fw: Framework, rate: float, duration: float) -> dict[str, floa
     requests = 100
     per_stage = rate / 3
     k = max(2, int(per_stage * duration / requests))
-    stages = [fw.Stage(k, hold=True) for _ in range(3)]
+    stages = [BenchStage(fw, k, hold=True) for _ in range(3)]
     samples: list[float] = []
     async with fw.open_orchestrator(stages, FINALS, prewarm_fn=_nothing) as orch:
         for i in range(requests):
             await orch.add_request(f"r{i}", None)
-        while len(stages[2]._emitter.held) < requests:
+        while len(stages[2].held) < requests:
             await fw.sleep(0)
-        plan = [(i, rid) for i in range(k) for rid in stages[0]._emitter.held]
+        plan = [(i, rid) for i in range(k) for rid in stages[0].held]
         last = k - 1
 
         async def engines() -> None:
@@ -338,20 +234,20 @@ async def latency(fw: Framework, rate: float, duration: float) -> dict[str, floa
 
 async def memory_per_request(fw: Framework, n: int) -> float:
     """Bytes of orchestrator state per in-flight request (tracemalloc; no payloads)."""
-    stages = [fw.Stage(1, hold=True) for _ in range(3)]
+    stages = [BenchStage(fw, 1, hold=True) for _ in range(3)]
     for stage in stages:
-        stage._emitter.count_only = True  # the stages keep nothing per request
+        stage.count_only = True  # the stages keep nothing per request
     async with fw.open_orchestrator(stages, FINALS, prewarm_fn=_nothing) as orch:
         ids = [f"r{i:08d}" for i in range(n)]  # the ids are the user's, not ours
         await orch.add_request("warm-up", None)
-        while stages[2]._emitter.submitted < 1:
+        while stages[2].submitted < 1:
             await fw.sleep(0)
         gc.collect()
         tracemalloc.start()
         before = tracemalloc.get_traced_memory()[0]
         for rid in ids:
             await orch.add_request(rid, None)
-        while stages[2]._emitter.submitted < n + 1:
+        while stages[2].submitted < n + 1:
             await fw.sleep(0)
         gc.collect()
         after = tracemalloc.get_traced_memory()[0]
@@ -394,6 +290,6 @@ def run_all(fw: Framework, *, quick: bool, latency_load: float | None = None) ->
     results["latency"] = fw.run(lambda: latency(fw, load, 0.2 if quick else 2.0))
     results["memory_per_request"] = fw.run(lambda: memory_per_request(fw, 500 if quick else 10_000))
     results["channel_hop"] = min(
-        fw.run(lambda: fw.hop(2_000 if quick else 200_000)) for _ in range(repeats)
+        fw.run(lambda: channel_hop(fw, 2_000 if quick else 200_000)) for _ in range(repeats)
     )
     return results

@@ -268,25 +268,10 @@ class AsyncioOrchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
             if not self._draining:
                 self._drain_over.set()
 
-    # -- admission -------------------------------------------------------------------
+    # -- what the base needs: waiting and sending ---------------------------------
 
-    async def _admit(
-        self,
-        request_id: str,
-        prompt: Any,
-        final_stage_ids: Iterable[int] | None,
-        stream: AsyncioRequestStream | None,
-    ) -> None:
-        if self._closed:
-            raise _closed_error()
-        await self._dispatch.admit(
-            request_id,
-            prompt,
-            final_stage_ids,
-            None if stream is None else stream._outbox,
-            wait_for_drains=self._wait_for_drains,
-            send=self._send_admission,
-        )
+    def _closed_error(self) -> OrchestratorClosed:
+        return _closed_error()
 
     async def _wait_for_drains(self) -> None:
         while self._draining:
@@ -325,14 +310,9 @@ class AsyncioOrchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
                             batch = await _get_batch(self._inbox)
                     except _TIMEOUTS:
                         pass
-                core.now = loop.time()
-                for message in batch:
-                    dispatch.apply(message)
-                    if type(message) is ShutdownCall:
-                        for queue in self._commands:
-                            queue.put_nowait(None)  # deliveries end once the aborts are out
-                core.expire()
-                dispatch.flush()
+                if dispatch.step(batch, loop.time()):
+                    for queue in self._commands:
+                        queue.put_nowait(None)  # deliveries end once the aborts are out
         finally:
             self._close_inbox()
 
@@ -343,8 +323,7 @@ class AsyncioOrchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
                 leftovers.append(self._inbox.get_nowait())
             except asyncio.QueueEmpty:
                 break
-        self._dispatch.settle(leftovers)
-        self._results.close()
+        self._settle(leftovers)
 
     async def _read_stage(self, stage_id: int, outputs: Any) -> None:
         reason = "its outputs channel ended"

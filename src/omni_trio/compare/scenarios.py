@@ -24,11 +24,8 @@ import trio
 import trio.lowlevel
 import trio.testing
 
-from .asyncio_testing import (
-    AsyncioScriptedStage,
-    run_with_virtual_time,
-    wait_all_tasks_blocked,
-)
+from .asyncio_testing import AsyncioScriptedStage, wait_all_tasks_blocked
+from .frameworks import ASYNCIO, TRIO, Framework
 
 if sys.version_info >= (3, 11):
     from asyncio import TaskGroup, timeout
@@ -65,7 +62,7 @@ def _scenario(key: str, title: str) -> Callable[[Callable[[], Any]], Callable[[]
             _pending[key] = fn
         else:
             asyncio_fn = _pending.pop(key)
-            SCENARIOS.append(Scenario(key, title, _on_asyncio(asyncio_fn), _on_trio(fn)))
+            SCENARIOS.append(Scenario(key, title, _on(ASYNCIO, asyncio_fn), _on(TRIO, fn)))
         return fn
 
     return register
@@ -74,21 +71,13 @@ def _scenario(key: str, title: str) -> Callable[[Callable[[], Any]], Callable[[]
 _pending: dict[str, Callable[[], Any]] = {}
 
 
-def _on_asyncio(fn: Callable[[], Any]) -> Callable[[], Outcome]:
-    """Coroutine functions run on a fresh virtual-time loop; plain ones run as they are."""
+def _on(fw: Framework, fn: Callable[[], Any]) -> Callable[[], Outcome]:
+    """Coroutine functions run on a fresh loop in virtual time; plain ones as they are."""
     if not inspect.iscoroutinefunction(fn):
         return fn
 
     def run() -> Outcome:
-        outcome: Outcome = run_with_virtual_time(fn)
-        return outcome
-
-    return run
-
-
-def _on_trio(fn: Callable[[], Awaitable[Outcome]]) -> Callable[[], Outcome]:
-    def run() -> Outcome:
-        outcome: Outcome = trio.run(fn, clock=trio.testing.MockClock(autojump_threshold=0))
+        outcome: Outcome = fw.run(fn, virtual_time=True)
         return outcome
 
     return run

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-import wave
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -16,11 +15,12 @@ from rich.progress import Progress
 from rich.table import Table
 
 from .. import open_orchestrator
+from .._audio import write_wav
 from ..config import PipelineConfig, parse_pipeline
 from ..process import open_process_pipeline
 from .engines import SAMPLE_RATE
 
-__all__ = ["DemoOptions", "LevelResult", "run_demo", "template", "write_wav"]
+__all__ = ["DemoOptions", "LevelResult", "results_table", "run_demo", "template"]
 
 PROMPTS = [
     "Tell me a story about a lighthouse.",
@@ -141,7 +141,7 @@ async def run_demo(options: DemoOptions, console: Console) -> list[LevelResult]:
                     level = _Level(orch, options, mode, concurrency, console, progress)
                     results.append(await level.run(audio if not results else None))
     if audio:
-        write_wav(options.output, bytes(audio))
+        write_wav(options.output, bytes(audio), SAMPLE_RATE)
     return results
 
 
@@ -212,15 +212,6 @@ def _summarize(
         rtf=statistics.fmean(t / a for t, a in zip(e2e, audio, strict=True) if a),
         audio_seconds=statistics.fmean(audio),
     )
-
-
-def write_wav(path: str | Path, pcm: bytes, sample_rate: int = SAMPLE_RATE) -> None:
-    """Write 16-bit mono PCM as a WAV file."""
-    with wave.open(str(path), "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(sample_rate)
-        out.writeframes(pcm)
 
 
 def results_table(results: list[LevelResult]) -> Table:

@@ -1,0 +1,140 @@
+"""``omni-trio bench``: run the workloads once per implementation and report them.
+
+Each implementation runs in a process of its own (``python -m omni_trio.bench --impl
+NAME``), Trio first: its scenario 1 sets scenario 5's offered load for everyone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from importlib.metadata import version
+from importlib.util import find_spec
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["goals", "print_report", "run_bench"]
+
+#: (key in a result, label, how to print it)
+ROWS = [
+    ("throughput_next_output", "1. throughput, next_output() (events/s)", "rate"),
+    ("throughput_streams", "2. throughput, per-request streams (events/s)", "rate"),
+    ("throughput_forward", "3. throughput, forward mode (events/s)", "rate"),
+    ("per_event_cost.10", "4. cost per event, 10 in flight", "time"),
+    ("per_event_cost.100", "   100 in flight", "time"),
+    ("per_event_cost.1000", "   1,000 in flight", "time"),
+    ("per_event_cost.10000", "   10,000 in flight", "time"),
+    ("latency.p50", "5. added latency p50, at half of Trio's 1.", "time"),
+    ("latency.p99", "   p99", "time"),
+    ("latency.max", "   max", "time"),
+    ("memory_per_request", "6. orchestrator state per request", "bytes"),
+    ("channel_hop", "7. one channel hop (the floor)", "time"),
+]
+
+
+def run_bench(*, quick: bool, command: str) -> dict[str, Any] | None:
+    """Run every implementation; the report, or ``None`` if one failed (its error
+    output is printed)."""
+    implementations = ["trio", "asyncio"]
+    if find_spec("uvloop") is not None:
+        implementations.append("asyncio+uvloop")
+    results: dict[str, Any] = {}
+    console = Console(stderr=True)
+    for impl in implementations:  # trio first: its scenario 1 sets scenario 5's load
+        argv = [sys.executable, "-m", "omni_trio.bench", "--impl", impl]
+        if quick:
+            argv.append("--quick")
+        if "trio" in results:
+            load = results["trio"]["throughput_next_output"] / 2
+            argv += ["--latency-load", str(load)]
+        with console.status(f"benchmarking {impl} ..."):
+            done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if done.returncode:
+            console.print(done.stderr)
+            return None
+        results[impl] = json.loads(done.stdout)
+    return {
+        "command": command,
+        "python": platform.python_version(),
+        "packages": {name: _version(name) for name in ("omni-trio", "trio", "uvloop")},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "quick": quick,
+        "results": results,
+        "goals": goals(results),
+    }
+
+
+def _version(package: str) -> str | None:
+    try:
+        return version(package)
+    except Exception:  # not installed
+        return None
+
+
+def goals(results: dict[str, Any]) -> dict[str, Any]:
+    """The figures the project holds itself to, from a run's results."""
+    trio_r, aio = results["trio"], results["asyncio"]
+    uv = results.get("asyncio+uvloop")
+    found: dict[str, Any] = {}
+    for key in ("throughput_next_output", "throughput_streams"):
+        found[f"{key} vs asyncio >= 1.2"] = trio_r[key] / aio[key]
+        if uv is not None:
+            found[f"{key} vs uvloop >= 1.0"] = trio_r[key] / uv[key]
+    cost = trio_r["per_event_cost"]
+    found["per-event cost 10,000 / 10 <= 1.25"] = cost["10000"] / cost["10"]
+    found["latency p99 <= 1 ms"] = trio_r["latency"]["p99"] * 1e3
+    found["memory per request <= 2048 B"] = trio_r["memory_per_request"]
+    return found
+
+
+def _lookup(result: dict[str, Any], key: str) -> float:
+    value: Any = result
+    for part in key.split("."):
+        value = value[part]
+    return float(value)
+
+
+def _format(value: float, kind: str) -> str:
+    if kind == "rate":
+        return f"{value / 1e3:,.0f}k"
+    if kind == "bytes":
+        return f"{value:,.0f} B"
+    return f"{value * 1e6:,.2f} µs" if value < 1e-3 else f"{value * 1e3:,.2f} ms"
+
+
+def print_report(report: dict[str, Any]) -> None:
+    """The comparison table, then the goals."""
+    results = report["results"]
+    impls = list(results)
+    console = Console()
+    packages = ", ".join(f"{k} {v}" for k, v in report["packages"].items() if v)
+    console.print(f"$ {report['command']}")
+    console.print(
+        f"Python {report['python']}; {packages}; {report['machine']['cpus']} CPUs"
+        + ("; --quick (sizes too small to compare)" if report["quick"] else "")
+    )
+    table = Table(show_lines=False)
+    table.add_column("scenario")
+    for impl in impls:
+        table.add_column(impl, justify="right")
+    for impl in impls[1:]:
+        table.add_column(f"trio / {impl}", justify="right")
+    for key, label, kind in ROWS:
+        values = [_lookup(results[impl], key) for impl in impls]
+        cells = [_format(v, kind) for v in values]
+        for other in values[1:]:
+            ratio = values[0] / other if kind == "rate" else other / values[0]
+            cells.append(f"{ratio:.2f}x")
+        table.add_row(label, *cells)
+    console.print(table)
+    load = results["trio"]["latency"]["rate"]
+    console.print(
+        f"Ratios > 1 mean Trio is faster, cheaper or smaller. 5. ran at {load:,.0f} events/s."
+    )
+    for goal, value in report["goals"].items():
+        console.print(f"  goal {goal}: {value:.3g}")
