@@ -115,3 +115,13 @@ def exits_then_loads_slowly(marker: str, seconds: float = 3.0, code: int = 3):
         with open(marker, "w"):
             pass
     return exits(code)
+
+
+def relay_reloading_slowly(marker: str, seconds: float = 1.0):
+    """``relay``, whose workers after the first take ``seconds`` to load."""
+    if os.path.exists(marker):
+        time.sleep(seconds)
+    else:
+        with open(marker, "w"):
+            pass
+    return relay()

@@ -87,6 +87,26 @@ async def test_a_request_whose_chunks_all_went_with_the_worker_does_not_wait_for
         assert pipeline.connector.statistics().lost_notices == 1
 
 
+async def test_chunks_sent_while_the_reader_restarts_wait_for_its_next_worker(tmp_path):
+    """Stage 1 is restarting (slowly) when "b" arrives; stage 0 streams all of "b"
+    meanwhile. Nothing of it may be dropped: "b" completes with every chunk."""
+    args = f'{{ marker = "{tmp_path / "loaded-once"}", seconds = 1.0 }}'
+    config = pipeline_config(
+        ("stream", "{ count = 3 }", True, ""),
+        ("relay_reloading_slowly", args, True, RESTART),
+    )
+    async with running(config) as (pipeline, orch):
+        talker = pipeline.stages[1]
+        talker.kill()
+        await eventually(lambda: talker.pid is None)
+        with trio.fail_after(10):
+            async with orch.open_request("b") as stream:
+                outs = [out async for out in stream]
+        assert talker.statistics().restarts == 1
+    assert [o.data for o in outs if o.stage_id == 1] == ["B:0:0", "B:0:1", "B:0:2", None]
+    assert outs[-1].finish_reason == "completed"
+
+
 @pytest.mark.parametrize("delay", [0.0, 0.05, 0.3])
 async def test_leaving_while_a_worker_restarts_returns_in_time(delay):
     """The engine exits mid-request, restart is on, and the block is left ``delay``

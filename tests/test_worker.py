@@ -21,7 +21,7 @@ def make_worker(prefix: str) -> _Worker:
 
 def upstream_chunk(prefix: str, request_id: str, seq: int, owner: str | None = None) -> wire.Chunk:
     name = f"{prefix}-0-1-9-{seq}"
-    return wire.Chunk(request_id, name, _shm.create(name, owner or request_id, b"chunk"))
+    return wire.Chunk(request_id, name, _shm.create(name, owner or request_id, b"chunk"), seq)
 
 
 def sent(worker: _Worker) -> list[object]:
@@ -139,7 +139,7 @@ async def test_a_lost_notice_after_the_end_of_the_stream_changes_nothing():
     try:
         async with trio.open_nursery() as nursery:
             worker.handle(wire.Submit("r", None), nursery)
-            worker.on_notices([upstream_chunk(prefix, "r", 0), wire.Chunk("r", "", 0, eos=True)])
+            worker.on_notices([upstream_chunk(prefix, "r", 0), wire.Chunk("r", "", 0, 1, eos=True)])
             worker.on_notices([wire.Lost("r", "gone")])
             await trio.testing.wait_all_tasks_blocked()
             outputs = [f for f in sent(worker) if type(f) is wire.Output]
@@ -212,3 +212,27 @@ def test_segment_names_belong_to_one_worker_generation():
     )
     assert first.segment_prefix == f"{prefix}-1-1-"
     assert second.segment_prefix == f"{prefix}-1-2-"
+
+
+async def test_a_missing_notice_is_an_error_not_a_gap_in_the_data():
+    """Notices carry their place in the request's stream: a reader that sees chunk 1
+    without chunk 0, or an end of stream after fewer chunks than were sent, fails."""
+    prefix = _shm.new_prefix()
+    worker = make_worker(prefix)
+    try:
+        async with trio.open_nursery() as nursery:
+            worker.handle(wire.Submit("skips", None), nursery)
+            worker.on_notices([upstream_chunk(prefix, "skips", 1)])
+            worker.handle(wire.Submit("short", None), nursery)
+            worker.on_notices([wire.Chunk("short", "", 0, 2, eos=True)])
+            await trio.testing.wait_all_tasks_blocked()
+            errors = {f.request_id: f.error for f in sent(worker) if type(f) is wire.Failed}
+            assert errors == {
+                "skips": "ChunkLostError: request 'skips': chunk 0 of its upstream stage "
+                "never arrived",
+                "short": "ChunkLostError: request 'short': chunk 0 of its upstream stage "
+                "never arrived",
+            }
+            worker.release_all()
+    finally:
+        _shm.sweep(prefix)

@@ -8,10 +8,14 @@ never touches the bytes, and none of this passes through the orchestrator's cont
 path: control (outputs, completions) and data take different routes, which is
 exactly why a stage's completion report can overtake the data it produced.
 
-When a worker dies, its stage tells the relay which requests it still held
-(:meth:`ShmConnector.lost`); the relay passes a ``wire.Lost`` for each to the stages it
-feeds, after every chunk it had relayed, so no reader waits for chunks that went with
-the worker.
+A worker can die on either side of the relay. A reading stage's notices wait while
+it restarts, and its stage learns which requests' notices went with the dead worker
+(:meth:`ShmConnector.detach`), to fail them. A sending stage's worker takes its
+segments with it: its stage tells the relay which requests it still held
+(:meth:`ShmConnector.lost`), and the relay passes a ``wire.Lost`` for each to the
+stages it feeds, after every chunk it had relayed, so no reader waits for chunks that
+went with the worker. Nothing is dropped silently: a request that lost data ends with
+an error.
 """
 
 from __future__ import annotations
@@ -40,11 +44,12 @@ class ConnectorStatistics:
     """A snapshot of a :class:`ShmConnector`, from :meth:`ShmConnector.statistics`.
 
     Attributes:
-      chunks_relayed: Chunk notices forwarded to a reading stage (one per reader).
+      chunks_relayed: Chunk notices handed to a reading stage (one per reader).
       bytes_relayed: The sizes of those chunks, summed (the bytes stay in shared
           memory; only their keys travel).
       lost_notices: ``wire.Lost`` notices sent: requests whose chunks went with a
           dead worker, per reading stage.
+      notices_waiting: Notices held for reading stages whose worker is restarting.
       segments_live: Shared-memory segments with the connector's prefix right now.
       workers_attached: Worker connections the relay serves.
     """
@@ -52,14 +57,48 @@ class ConnectorStatistics:
     chunks_relayed: int
     bytes_relayed: int
     lost_notices: int
+    notices_waiting: int
     segments_live: int
     workers_attached: int
+
+
+class _Link:
+    """The relay's side of one stage: its worker's connection while it has one, the
+    notices waiting for its next worker while it restarts."""
+
+    __slots__ = ("delivered", "gone", "pending", "scope", "writer")
+
+    def __init__(self) -> None:
+        self.writer: wire.FrameWriter | None = None
+        self.scope: trio.CancelScope | None = None
+        #: (request id, frame) of notices that arrived while no worker was attached.
+        self.pending: list[tuple[str, bytes]] = []
+        #: Requests with notices handed to the attached worker and not released: if
+        #: that worker dies, they may have died with it.
+        self.delivered: set[str] = set()
+        #: The stage will have no worker again: notices for it are dropped.
+        self.gone = False
+
+    def send(self, request_id: str, frame: bytes) -> bool:
+        """Hand a notice to the worker, or keep it for the next; ``False`` if dropped."""
+        if self.writer is not None:
+            self.writer.send_nowait(frame)
+            self.delivered.add(request_id)
+        elif self.gone:
+            return False
+        else:
+            self.pending.append((request_id, frame))
+        return True
 
 
 @final
 class ShmConnector(metaclass=NoPublicConstructor):
     """Relays chunk notices along the pipeline's edges (source -> readers); get one
     from :func:`open_shm_connector`.
+
+    A reading stage whose worker is restarting loses nothing sent meanwhile: the
+    notices wait for its next worker. What its dead worker had been handed is lost
+    with it, and :meth:`detach` says for which requests.
 
     Attributes:
       routes: Per stage, the stages that read its chunks.
@@ -72,52 +111,76 @@ class ShmConnector(metaclass=NoPublicConstructor):
         self.routes = {source: tuple(targets) for source, targets in routes.items()}
         self.prefix = prefix
         self._nursery = nursery
-        self._writers: dict[int, wire.FrameWriter] = {}
-        self._scopes: dict[int, trio.CancelScope] = {}
+        stages = set(self.routes).union(*self.routes.values())
+        self._links = {stage_id: _Link() for stage_id in stages}
         self._chunks = 0
         self._bytes = 0
         self._lost = 0
 
     def statistics(self) -> ConnectorStatistics:
-        """Return a snapshot of what the relay has done."""
+        """Return a snapshot of what the relay has done and holds."""
+        links = self._links.values()
         return ConnectorStatistics(
             chunks_relayed=self._chunks,
             bytes_relayed=self._bytes,
             lost_notices=self._lost,
+            notices_waiting=sum(len(link.pending) for link in links),
             segments_live=len(_shm.listing(self.prefix)),
-            workers_attached=len(self._scopes),
+            workers_attached=sum(link.writer is not None for link in links),
         )
 
+    def _link(self, stage_id: int) -> _Link:
+        link = self._links.get(stage_id)
+        if link is None:  # a stage on no route: it neither sends nor reads chunks
+            link = self._links[stage_id] = _Link()
+        return link
+
     def attach(self, stage_id: int, sock: socket.socket | None) -> None:
-        """Serve a worker's connector connection (replacing its previous one)."""
+        """Serve a worker's connector connection, and hand it the notices that waited."""
+        link = self._link(stage_id)
         self.detach(stage_id)
         if sock is None:
             return
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
-        scope = trio.CancelScope()
-        writer = wire.FrameWriter(stream)
-        self._scopes[stage_id] = scope
-        self._writers[stage_id] = writer
-        self._nursery.start_soon(self._serve, stage_id, stream, writer, scope)
+        link.scope = trio.CancelScope()
+        link.writer = wire.FrameWriter(stream)
+        self._nursery.start_soon(self._serve, stage_id, stream, link.writer, link.scope)
+        for request_id, frame in link.pending:
+            link.send(request_id, frame)
+        link.pending.clear()
 
-    def detach(self, stage_id: int) -> None:
-        """Stop serving stage ``stage_id``'s worker: nothing more is read from it."""
-        scope = self._scopes.pop(stage_id, None)
-        if scope is not None:
-            scope.cancel()
-        writer = self._writers.pop(stage_id, None)
-        if writer is not None:
-            writer.close()
+    def detach(self, stage_id: int) -> set[str]:
+        """Stop serving stage ``stage_id``'s worker (it died, or is stopping): nothing
+        more is read from it, notices for it wait for the next one. Returns the
+        requests whose notices it had been handed and its stage had not released."""
+        link = self._link(stage_id)
+        if link.scope is not None:
+            link.scope.cancel()
+        if link.writer is not None:
+            link.writer.close()
+        link.scope = link.writer = None
+        lost, link.delivered = link.delivered, set()
+        return lost
+
+    def released(self, stage_id: int, request_id: str) -> None:
+        """Stage ``stage_id`` released the request: its notices are spent."""
+        self._link(stage_id).delivered.discard(request_id)
+
+    def close(self, stage_id: int) -> None:
+        """Stage ``stage_id`` will have no worker again: drop what waits for it, and
+        whatever comes for it later."""
+        self.detach(stage_id)
+        link = self._link(stage_id)
+        link.gone = True
+        link.pending.clear()
 
     def lost(self, stage_id: int, request_ids: Iterable[str], reason: str) -> None:
         """Stage ``stage_id``'s worker died holding ``request_ids``: tell its readers."""
         for target in self.routes.get(stage_id, ()):
-            destination = self._writers.get(target)
-            if destination is None:
-                continue
+            link = self._links[target]
             for request_id in request_ids:
-                destination.send_nowait(wire.encode(wire.Lost(request_id, reason)))
-                self._lost += 1
+                if link.send(request_id, wire.encode(wire.Lost(request_id, reason))):
+                    self._lost += 1
 
     async def _serve(
         self,
@@ -137,17 +200,14 @@ class ShmConnector(metaclass=NoPublicConstructor):
                     await stream.aclose()
 
     async def _relay(self, stage_id: int, stream: trio.SocketStream) -> None:
-        targets = self.routes.get(stage_id, ())
+        links = [self._links[target] for target in self.routes.get(stage_id, ())]
         reader = wire.FrameReader(stream, wire.DECODE_TO_RELAY)
-        writers = self._writers
         try:
             while True:
                 for chunk in await reader.receive():
                     frame = wire.encode(chunk)
-                    for target in targets:
-                        destination = writers.get(target)
-                        if destination is not None:
-                            destination.send_nowait(frame)
+                    for link in links:
+                        if link.send(chunk.request_id, frame):
                             self._chunks += 1
                             self._bytes += chunk.size
         except (EOFError, trio.BrokenResourceError, trio.ClosedResourceError):
@@ -177,6 +237,6 @@ async def open_shm_connector(
             try:
                 yield connector
             finally:
-                for stage_id in list(connector._scopes):
-                    connector.detach(stage_id)
+                for stage_id in list(connector._links):
+                    connector.close(stage_id)
                 nursery.cancel_scope.cancel()

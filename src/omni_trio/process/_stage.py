@@ -167,6 +167,8 @@ class ProcessStage(metaclass=NoPublicConstructor):
             self._worker.release(request_id)
         elif self._gone is None:  # restarting: the next worker must drop its chunks too
             self._releases_for_next.append(request_id)
+        if self._connector is not None:
+            self._connector.released(self.stage_id, request_id)
         await trio.lowlevel.checkpoint()
 
     def kill(self) -> None:
@@ -199,6 +201,8 @@ class ProcessStage(metaclass=NoPublicConstructor):
         finally:
             if self._gone is None:
                 self._gone = "the stage is closed"
+            if self._connector is not None:
+                self._connector.close(self.stage_id)
             self._next_worker.set()
             self._releases_for_next.clear()
             self._outputs_send.close()
@@ -228,34 +232,32 @@ class ProcessStage(metaclass=NoPublicConstructor):
                     raise  # the stage never started: open_process_stage raises it
                 failed_starts += 1
                 reason = str(exc)
-                in_flight: set[str] = set()
+                lost: set[str] = set()
             else:
                 if self._started == 1:
                     task_status.started()
                 failed_starts = 0
-                reason = await self._serve(worker)
-                in_flight = worker.in_flight
+                reason, lost = await self._serve(worker)
             self._deaths += 1
             logger.warning(
-                "%s: its worker died: %s (%d requests in flight)",
-                self.label,
-                reason,
-                len(in_flight),
+                "%s: its worker died: %s (%d requests lost with it)", self.label, reason, len(lost)
             )
             if not self.options.restart or failed_starts >= MAX_FAILED_STARTS:
                 self._gone = f"its worker died ({reason})"
                 return  # outputs end: the orchestrator marks the stage dead
-            if in_flight:
+            if lost:
                 message = f"its worker died ({reason}) and was restarted"
                 await self._outputs_send.send(
-                    [StageOutput(request_id, error=message) for request_id in sorted(in_flight)]
+                    [StageOutput(request_id, error=message) for request_id in sorted(lost)]
                 )
             self._restarts += 1
             if failed_starts:
                 await trio.sleep(0.1 * 2**failed_starts)
 
-    async def _serve(self, worker: WorkerConnection) -> str:
-        """Make ``worker`` the stage's until it is gone; return why it went."""
+    async def _serve(self, worker: WorkerConnection) -> tuple[str, set[str]]:
+        """Make ``worker`` the stage's until it is gone. Returns why it went, and the
+        requests that went with it: those it was running, and those whose chunks it
+        had been handed (a request's chunks may come before its submit)."""
         connector = self._connector
         self._worker = worker
         for request_id in self._releases_for_next:
@@ -264,13 +266,14 @@ class ProcessStage(metaclass=NoPublicConstructor):
         self._next_worker.set()
         if connector is not None:
             connector.attach(self.stage_id, worker.take_connector_socket())
+        handed: set[str] = set()
         try:
-            return await worker.run(self._outputs_send)
+            reason = await worker.run(self._outputs_send)
         finally:
             self._worker = None
             self._next_worker = trio.Event()
             if connector is not None:
-                connector.detach(self.stage_id)
+                handed = connector.detach(self.stage_id)
             await worker.aclose()  # shielded, and bounded by shutdown_grace
             swept = _shm.sweep(f"{self.segment_prefix}{worker.generation}-")
             if swept:
@@ -279,6 +282,7 @@ class ProcessStage(metaclass=NoPublicConstructor):
                 # Downstream readers of this worker's chunks must not wait for chunks
                 # (or ends of streams) that went with it.
                 connector.lost(self.stage_id, worker.unreleased, f"{self.label} lost its worker")
+        return reason, worker.in_flight | handed
 
     def _close(self) -> None:
         self._scope.cancel()

@@ -126,11 +126,14 @@ class Pong(_Message):
 
 class Chunk(_Message):
     """A chunk for the downstream stage: ``size`` bytes in shared-memory segment
-    ``key``. ``eos`` (with an empty key) says the request's upstream is done."""
+    ``key``, the ``seq``-th of its request (from 0). ``eos`` (with an empty key) says
+    the request's upstream is done, after ``seq`` chunks: a reader that saw fewer
+    lost some."""
 
     request_id: str
     key: str
     size: int
+    seq: int
     eos: bool = False
 
 

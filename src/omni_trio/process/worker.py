@@ -42,7 +42,9 @@ class _Request:
     segments it created."""
 
     __slots__ = (
+        "broken",
         "eof",
+        "expected",
         "inbox_receive",
         "inbox_send",
         "number",
@@ -61,7 +63,9 @@ class _Request:
             math.inf
         )
         self.upstream_done = False  # its end of stream arrived: nothing more can be lost
+        self.expected = 0  # the seq of the next upstream chunk
         self.eof = False  # the engine has read to the end
+        self.broken: str | None = None  # why chunks are missing, once they are
 
 
 class _ChunkIO:
@@ -83,17 +87,17 @@ class _ChunkIO:
         # Checkpoint first: an engine resumed after its request was aborted and
         # released must stop here, before it creates a segment nobody would free.
         await trio.lowlevel.checkpoint()
-        name = f"{worker.segment_prefix}{request.number}-{request.sent}"
+        seq = request.sent
+        name = f"{worker.segment_prefix}{request.number}-{seq}"
         request.sent += 1
         size = _shm.create(name, self._request_id, chunk)
         request.segments.append(name)
-        worker.chunks.send_nowait(wire.encode(wire.Chunk(self._request_id, name, size)))
+        worker.chunks.send_nowait(wire.encode(wire.Chunk(self._request_id, name, size, seq)))
 
     def end(self) -> None:
         if self._worker.chunks is not None:
-            self._worker.chunks.send_nowait(
-                wire.encode(wire.Chunk(self._request_id, "", 0, eos=True))
-            )
+            eos = wire.Chunk(self._request_id, "", 0, self._request.sent, eos=True)
+            self._worker.chunks.send_nowait(wire.encode(eos))
 
     def __aiter__(self) -> _ChunkIO:
         return self
@@ -103,22 +107,28 @@ class _ChunkIO:
         if request.eof:
             await trio.lowlevel.checkpoint()
             raise StopAsyncIteration
-        notice = await request.inbox_receive.receive()
-        if isinstance(notice, wire.Lost):
-            request.inbox_send.send_nowait(notice)  # stays broken for the next call
-            raise ChunkLostError(f"request {self._request_id!r}: {notice.reason}")
-        if notice.eos:
-            request.eof = True
-            raise StopAsyncIteration
-        try:
-            return _shm.read(notice.key, self._request_id, notice.size)
-        except FileNotFoundError:
-            raise ChunkLostError(
-                f"request {self._request_id!r}: chunk {notice.key} is gone "
-                f"(the upstream stage lost its worker)"
-            ) from None
-        except _shm.ForeignChunkError as exc:
-            raise ChunkLostError(f"request {self._request_id!r}: {exc}") from None
+        if request.broken is None:
+            notice = await request.inbox_receive.receive()
+            if isinstance(notice, wire.Lost):
+                request.broken = notice.reason
+            elif notice.seq != request.expected:
+                request.broken = f"chunk {request.expected} of its upstream stage never arrived"
+            elif notice.eos:
+                request.eof = True
+                raise StopAsyncIteration
+            else:
+                request.expected += 1
+                try:
+                    return _shm.read(notice.key, self._request_id, notice.size)
+                except FileNotFoundError:
+                    request.broken = (
+                        f"chunk {notice.key} is gone (the upstream stage lost its worker)"
+                    )
+                except _shm.ForeignChunkError as exc:
+                    request.broken = str(exc)
+        else:
+            await trio.lowlevel.checkpoint()
+        raise ChunkLostError(f"request {self._request_id!r}: {request.broken}")
 
 
 class _Worker:
