@@ -7,6 +7,7 @@ and free of the orchestrator's modules.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -81,18 +82,22 @@ def lazy_exports(
     """``__getattr__`` and ``__dir__`` for a package that re-exports names on demand.
 
     ``exports`` maps a submodule (relative, like ``"._core"``) to the public names it
-    defines. Nothing is imported until a public name is first asked for; then every
-    one is, at once, and each object reports the public namespace as its
-    ``__module__`` (so reprs and docs say ``omni_trio.Name``, not
-    ``omni_trio._module.Name``). A process that needs only a corner of the package --
-    a stage worker, which imports ``omni_trio.process._wire`` and a few more -- does not
-    load the rest.
+    defines. A name's module is imported the first time the name is asked for, so a
+    process that needs one corner of the package -- a stage worker, whose engine asks
+    ``omni_trio.process`` for ``EngineRequest`` -- does not load the rest. Every public
+    object of a loaded module reports the namespace as its ``__module__`` (reprs and
+    docs say ``omni_trio.process.ProcessStage``, not ``omni_trio.process._stage...``),
+    including modules that were loaded some other way before the first lookup.
     """
+    modules = {importlib.util.resolve_name(m, namespace): list(n) for m, n in exports.items()}
+    where = {name: module for module, names in modules.items() for name in names}
 
-    def load() -> dict[str, Any]:
+    def publish() -> dict[str, Any]:
         package = vars(sys.modules[namespace])
-        for module, names in exports.items():
-            source = importlib.import_module(module, namespace)
+        for module, names in modules.items():
+            source = sys.modules.get(module)
+            if source is None or names[0] in package:
+                continue  # not loaded yet, or published already
             for name in names:
                 value = getattr(source, name)
                 if isinstance(value, (type, FunctionType)) and value.__module__.startswith(
@@ -103,11 +108,15 @@ def lazy_exports(
         return package
 
     def __getattr__(name: str) -> Any:
-        if not any(name in names for names in exports.values()):
+        module = where.get(name)
+        if module is None:
             raise AttributeError(f"module {namespace!r} has no attribute {name!r}")
-        return load()[name]
+        importlib.import_module(module)
+        return publish()[name]
 
     def __dir__() -> list[str]:
-        return sorted(load())
+        for module in modules:
+            importlib.import_module(module)
+        return sorted(publish())
 
     return __getattr__, __dir__
