@@ -453,26 +453,3 @@ class TestConfiguration:
     def test_needs_a_stage(self):
         with pytest.raises(ValueError, match="at least one stage"):
             OrchestratorCore(0, {0}, prewarm_fn=warm)
-
-
-def test_the_core_imports_no_event_loop():
-    """The sans-IO modules must stay importable and testable without trio or asyncio."""
-    import ast
-    from pathlib import Path
-
-    import omni_trio
-
-    package = Path(omni_trio.__file__).parent
-    for name in ("_core.py", "_messages.py"):
-        tree = ast.parse((package / name).read_text())
-        imported = {
-            alias.name.split(".")[0]
-            for node in ast.walk(tree)
-            if isinstance(node, ast.Import)
-            for alias in node.names
-        } | {
-            node.module.split(".")[0]
-            for node in ast.walk(tree)
-            if isinstance(node, ast.ImportFrom) and node.module and not node.level
-        }
-        assert not imported & {"trio", "asyncio", "anyio", "sniffio", "trio_util"}, name

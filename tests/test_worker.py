@@ -3,6 +3,7 @@ now and then, made to happen every time."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 import trio.testing
 
@@ -10,6 +11,14 @@ from omni_trio.process import _shm
 from omni_trio.process import _wire as wire
 from omni_trio.process.worker import _Worker
 from process_engines import relay
+
+
+@pytest.fixture
+def prefix():
+    """A shared-memory prefix for the test's segments, all swept afterwards."""
+    prefix = _shm.new_prefix()
+    yield prefix
+    _shm.sweep(prefix)
 
 
 def make_worker(prefix: str) -> _Worker:
@@ -41,168 +50,131 @@ def failure(worker: _Worker, request_id: str) -> str | None:
     return errors[0] if errors else None
 
 
-async def test_a_chunk_taken_as_the_request_is_released_leaves_no_segment():
+async def test_a_chunk_taken_as_the_request_is_released_leaves_no_segment(prefix):
     """The engine was already woken with an upstream chunk when Abort and Release
     arrived: its resumed ``io.send`` must not create a segment nobody will free."""
-    prefix = _shm.new_prefix()
     worker = make_worker(prefix)
-    try:
-        async with trio.open_nursery() as nursery:
-            worker.handle(wire.Submit("r", None), nursery)
-            await trio.testing.wait_all_tasks_blocked()  # the engine waits for chunks
-            worker.on_notices([upstream_chunk(prefix, "r", 0)])  # wakes it, with a chunk
-            worker.handle(wire.Abort("r"), nursery)  # ... and before it runs:
-            worker.handle(wire.Release("r"), nursery)
-            await trio.testing.wait_all_tasks_blocked()
-        assert _shm.listing(f"{prefix}-1-") == []
-        assert worker.requests == {}
-    finally:
-        _shm.sweep(prefix)
+    async with trio.open_nursery() as nursery:
+        worker.handle(wire.Submit("r", None), nursery)
+        await trio.testing.wait_all_tasks_blocked()  # the engine waits for chunks
+        worker.on_notices([upstream_chunk(prefix, "r", 0)])  # wakes it, with a chunk
+        worker.handle(wire.Abort("r"), nursery)  # ... and before it runs:
+        worker.handle(wire.Release("r"), nursery)
+        await trio.testing.wait_all_tasks_blocked()
+    assert _shm.listing(f"{prefix}-1-") == []
+    assert worker.requests == {}
 
 
-async def test_chunks_after_the_release_are_dropped():
+async def test_chunks_after_the_release_are_dropped(prefix):
     """Data can trail control: a chunk for a released request must not bring it back."""
-    prefix = _shm.new_prefix()
     worker = make_worker(prefix)
-    try:
-        async with trio.open_nursery() as nursery:
-            worker.handle(wire.Submit("r", None), nursery)
-            await trio.testing.wait_all_tasks_blocked()
-            worker.handle(wire.Release("r"), nursery)
-            worker.on_notices([upstream_chunk(prefix, "r", 0)])
-            await trio.testing.wait_all_tasks_blocked()
-        assert worker.requests == {}
-    finally:
-        _shm.sweep(prefix)
+    async with trio.open_nursery() as nursery:
+        worker.handle(wire.Submit("r", None), nursery)
+        await trio.testing.wait_all_tasks_blocked()
+        worker.handle(wire.Release("r"), nursery)
+        worker.on_notices([upstream_chunk(prefix, "r", 0)])
+        await trio.testing.wait_all_tasks_blocked()
+    assert worker.requests == {}
 
 
-async def test_chunks_may_arrive_before_their_submit():
-    prefix = _shm.new_prefix()
+async def test_chunks_may_arrive_before_their_submit(prefix):
     worker = make_worker(prefix)
-    try:
-        async with trio.open_nursery() as nursery:
-            worker.on_notices([upstream_chunk(prefix, "r", 0)])
-            assert "r" in worker.requests  # kept for the submit to come
-            worker.handle(wire.Submit("r", None), nursery)
-            await trio.testing.wait_all_tasks_blocked()
-            assert _shm.listing(f"{prefix}-1-") == [f"{prefix}-1-1-1-0"]  # passed on
-            worker.handle(wire.Release("r"), nursery)
-        assert _shm.listing(f"{prefix}-1-") == []
-    finally:
-        _shm.sweep(prefix)
+    async with trio.open_nursery() as nursery:
+        worker.on_notices([upstream_chunk(prefix, "r", 0)])
+        assert "r" in worker.requests  # kept for the submit to come
+        worker.handle(wire.Submit("r", None), nursery)
+        await trio.testing.wait_all_tasks_blocked()
+        assert _shm.listing(f"{prefix}-1-") == [f"{prefix}-1-1-1-0"]  # passed on
+        worker.handle(wire.Release("r"), nursery)
+    assert _shm.listing(f"{prefix}-1-") == []
 
 
 async def test_released_ids_are_remembered_up_to_a_bound_and_a_new_submit_forgets_one(
-    monkeypatch,
+    monkeypatch, prefix
 ):
     monkeypatch.setattr("omni_trio.process.worker._REMEMBER_RELEASED", 2)
-    prefix = _shm.new_prefix()
     worker = make_worker(prefix)
-    try:
-        async with trio.open_nursery() as nursery:
-            for rid in ("a", "b", "c"):
-                worker.release(rid)
-            assert list(worker.released) == ["b", "c"]  # "a" forgotten: bounded
-            worker.handle(wire.Submit("c", None), nursery)  # "c" is reused: a new life
-            assert "c" not in worker.released
-            worker.on_notices([upstream_chunk(prefix, "c", 0)])
-            await trio.testing.wait_all_tasks_blocked()
-            assert _shm.listing(f"{prefix}-1-") == [f"{prefix}-1-1-1-0"]  # it got the chunk
-            worker.release_all()
-        assert _shm.listing(f"{prefix}-1-") == []
-    finally:
-        _shm.sweep(prefix)
+    async with trio.open_nursery() as nursery:
+        for rid in ("a", "b", "c"):
+            worker.release(rid)
+        assert list(worker.released) == ["b", "c"]  # "a" forgotten: bounded
+        worker.handle(wire.Submit("c", None), nursery)  # "c" is reused: a new life
+        assert "c" not in worker.released
+        worker.on_notices([upstream_chunk(prefix, "c", 0)])
+        await trio.testing.wait_all_tasks_blocked()
+        assert _shm.listing(f"{prefix}-1-") == [f"{prefix}-1-1-1-0"]  # it got the chunk
+        worker.release_all()
+    assert _shm.listing(f"{prefix}-1-") == []
 
 
-async def test_a_lost_notice_fails_a_request_still_streaming():
-    prefix = _shm.new_prefix()
+async def test_a_lost_notice_fails_a_request_still_streaming(prefix):
     worker = make_worker(prefix)
-    try:
-        async with trio.open_nursery() as nursery:
-            worker.handle(wire.Submit("r", None), nursery)
-            worker.on_notices([upstream_chunk(prefix, "r", 0)])
-            await trio.testing.wait_all_tasks_blocked()  # it read and passed on chunk 0
-            worker.on_notices([wire.Lost("r", "stage 0 (thinker) lost its worker")])
-            await trio.testing.wait_all_tasks_blocked()
-            assert failure(worker, "r") == (
-                "ChunkLostError: request 'r': stage 0 (thinker) lost its worker"
-            )
-            worker.release_all()
-    finally:
-        _shm.sweep(prefix)
+    async with trio.open_nursery() as nursery:
+        worker.handle(wire.Submit("r", None), nursery)
+        worker.on_notices([upstream_chunk(prefix, "r", 0)])
+        await trio.testing.wait_all_tasks_blocked()  # it read and passed on chunk 0
+        worker.on_notices([wire.Lost("r", "stage 0 (thinker) lost its worker")])
+        await trio.testing.wait_all_tasks_blocked()
+        assert failure(worker, "r") == (
+            "ChunkLostError: request 'r': stage 0 (thinker) lost its worker"
+        )
+        worker.release_all()
 
 
-async def test_a_lost_notice_after_the_end_of_the_stream_changes_nothing():
+async def test_a_lost_notice_after_the_end_of_the_stream_changes_nothing(prefix):
     """Every notice arrived before the upstream worker died: what was read is whole."""
-    prefix = _shm.new_prefix()
     worker = make_worker(prefix)
-    try:
-        async with trio.open_nursery() as nursery:
-            worker.handle(wire.Submit("r", None), nursery)
-            worker.on_notices([upstream_chunk(prefix, "r", 0), wire.Chunk("r", "", 0, 1, eos=True)])
-            worker.on_notices([wire.Lost("r", "gone")])
-            await trio.testing.wait_all_tasks_blocked()
-            outputs = [f for f in sent(worker) if type(f) is wire.Output]
-            assert [(o.data, o.finished) for o in outputs] == [("CHUNK", False), (None, True)]
-            worker.release_all()
-    finally:
-        _shm.sweep(prefix)
+    async with trio.open_nursery() as nursery:
+        worker.handle(wire.Submit("r", None), nursery)
+        worker.on_notices([upstream_chunk(prefix, "r", 0), wire.Chunk("r", "", 0, 1, eos=True)])
+        worker.on_notices([wire.Lost("r", "gone")])
+        await trio.testing.wait_all_tasks_blocked()
+        outputs = [f for f in sent(worker) if type(f) is wire.Output]
+        assert [(o.data, o.finished) for o in outputs] == [("CHUNK", False), (None, True)]
+        worker.release_all()
 
 
-async def test_a_lost_notice_before_the_submit_is_kept_for_it():
-    prefix = _shm.new_prefix()
+async def test_a_lost_notice_before_the_submit_is_kept_for_it(prefix):
     worker = make_worker(prefix)
-    try:
-        async with trio.open_nursery() as nursery:
-            worker.on_notices([wire.Lost("r", "gone")])
-            worker.handle(wire.Submit("r", None), nursery)
-            await trio.testing.wait_all_tasks_blocked()
-            assert failure(worker, "r") == "ChunkLostError: request 'r': gone"
-            worker.release_all()
-    finally:
-        _shm.sweep(prefix)
+    async with trio.open_nursery() as nursery:
+        worker.on_notices([wire.Lost("r", "gone")])
+        worker.handle(wire.Submit("r", None), nursery)
+        await trio.testing.wait_all_tasks_blocked()
+        assert failure(worker, "r") == "ChunkLostError: request 'r': gone"
+        worker.release_all()
 
 
-async def test_a_chunk_whose_segment_is_gone_fails_its_request():
-    prefix = _shm.new_prefix()
+async def test_a_chunk_whose_segment_is_gone_fails_its_request(prefix):
     worker = make_worker(prefix)
-    try:
-        async with trio.open_nursery() as nursery:
-            worker.handle(wire.Submit("r", None), nursery)
-            chunk = upstream_chunk(prefix, "r", 0)
-            _shm.unlink(chunk.key)  # swept with the worker that wrote it
-            worker.on_notices([chunk])
-            await trio.testing.wait_all_tasks_blocked()
-            assert failure(worker, "r") == (
-                f"ChunkLostError: request 'r': chunk {chunk.key} is gone "
-                f"(the upstream stage lost its worker)"
-            )
-            worker.release_all()
-    finally:
-        _shm.sweep(prefix)
+    async with trio.open_nursery() as nursery:
+        worker.handle(wire.Submit("r", None), nursery)
+        chunk = upstream_chunk(prefix, "r", 0)
+        _shm.unlink(chunk.key)  # swept with the worker that wrote it
+        worker.on_notices([chunk])
+        await trio.testing.wait_all_tasks_blocked()
+        assert failure(worker, "r") == (
+            f"ChunkLostError: request 'r': chunk {chunk.key} is gone "
+            f"(the upstream stage lost its worker)"
+        )
+        worker.release_all()
 
 
-async def test_a_chunk_of_another_request_is_never_read_as_this_ones():
-    prefix = _shm.new_prefix()
+async def test_a_chunk_of_another_request_is_never_read_as_this_ones(prefix):
     worker = make_worker(prefix)
-    try:
-        async with trio.open_nursery() as nursery:
-            worker.handle(wire.Submit("r", None), nursery)
-            chunk = upstream_chunk(prefix, "r", 0, owner="someone-else")
-            worker.on_notices([chunk])
-            await trio.testing.wait_all_tasks_blocked()
-            assert failure(worker, "r") == (
-                f"ChunkLostError: request 'r': segment {chunk.key} holds a chunk of "
-                f"request 'someone-else'"
-            )
-            assert not [f for f in sent(worker) if type(f) is wire.Output and f.data]
-            worker.release_all()
-    finally:
-        _shm.sweep(prefix)
+    async with trio.open_nursery() as nursery:
+        worker.handle(wire.Submit("r", None), nursery)
+        chunk = upstream_chunk(prefix, "r", 0, owner="someone-else")
+        worker.on_notices([chunk])
+        await trio.testing.wait_all_tasks_blocked()
+        assert failure(worker, "r") == (
+            f"ChunkLostError: request 'r': segment {chunk.key} holds a chunk of "
+            f"request 'someone-else'"
+        )
+        assert not [f for f in sent(worker) if type(f) is wire.Output and f.data]
+        worker.release_all()
 
 
-def test_segment_names_belong_to_one_worker_generation():
-    prefix = _shm.new_prefix()
+def test_segment_names_belong_to_one_worker_generation(prefix):
     first = make_worker(prefix)
     second = _Worker(
         wire.Init(1, "relay", "process_engines:relay", {}, prefix, generation=2),
@@ -214,25 +186,19 @@ def test_segment_names_belong_to_one_worker_generation():
     assert second.segment_prefix == f"{prefix}-1-2-"
 
 
-async def test_a_missing_notice_is_an_error_not_a_gap_in_the_data():
+async def test_a_missing_notice_is_an_error_not_a_gap_in_the_data(prefix):
     """Notices carry their place in the request's stream: a reader that sees chunk 1
     without chunk 0, or an end of stream after fewer chunks than were sent, fails."""
-    prefix = _shm.new_prefix()
     worker = make_worker(prefix)
-    try:
-        async with trio.open_nursery() as nursery:
-            worker.handle(wire.Submit("skips", None), nursery)
-            worker.on_notices([upstream_chunk(prefix, "skips", 1)])
-            worker.handle(wire.Submit("short", None), nursery)
-            worker.on_notices([wire.Chunk("short", "", 0, 2, eos=True)])
-            await trio.testing.wait_all_tasks_blocked()
-            errors = {f.request_id: f.error for f in sent(worker) if type(f) is wire.Failed}
-            assert errors == {
-                "skips": "ChunkLostError: request 'skips': chunk 0 of its upstream stage "
-                "never arrived",
-                "short": "ChunkLostError: request 'short': chunk 0 of its upstream stage "
-                "never arrived",
-            }
-            worker.release_all()
-    finally:
-        _shm.sweep(prefix)
+    async with trio.open_nursery() as nursery:
+        worker.handle(wire.Submit("skips", None), nursery)
+        worker.on_notices([upstream_chunk(prefix, "skips", 1)])
+        worker.handle(wire.Submit("short", None), nursery)
+        worker.on_notices([wire.Chunk("short", "", 0, 2, eos=True)])
+        await trio.testing.wait_all_tasks_blocked()
+        errors = {f.request_id: f.error for f in sent(worker) if type(f) is wire.Failed}
+        assert errors == {
+            "skips": "ChunkLostError: request 'skips': chunk 0 of its upstream stage never arrived",
+            "short": "ChunkLostError: request 'short': chunk 0 of its upstream stage never arrived",
+        }
+        worker.release_all()

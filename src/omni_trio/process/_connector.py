@@ -20,7 +20,6 @@ an error.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import socket
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -192,7 +191,7 @@ class ShmConnector(metaclass=NoPublicConstructor):
         with scope:
             try:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(_write, writer)
+                    nursery.start_soon(wire.write_until_closed, writer)
                     await self._relay(stage_id, stream)
                     nursery.cancel_scope.cancel()
             finally:
@@ -214,11 +213,6 @@ class ShmConnector(metaclass=NoPublicConstructor):
             pass  # the worker went away; its stage deals with that
         except wire.ProtocolError as exc:
             logger.warning("stage %d's connector connection: %s", stage_id, exc)
-
-
-async def _write(writer: wire.FrameWriter) -> None:
-    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-        await writer.run()
 
 
 @asynccontextmanager

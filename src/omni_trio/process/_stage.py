@@ -179,10 +179,10 @@ class ProcessStage(metaclass=NoPublicConstructor):
     async def _wait_for_worker(self) -> WorkerConnection:
         timeout = self.options.startup_timeout
         with trio.move_on_after(timeout):
-            while self._gone is None:
-                if self._worker is not None:
-                    return self._worker
+            while self._worker is None and self._gone is None:
                 await self._next_worker.wait()
+        if self._worker is not None:
+            return self._worker
         if self._gone is not None:
             raise WorkerUnavailableError(f"{self.label} has no worker: {self._gone}")
         raise WorkerUnavailableError(

@@ -39,6 +39,7 @@ __all__ = [
     "Shutdown",
     "Submit",
     "encode",
+    "write_until_closed",
 ]
 
 #: Frames larger than this (bytes, without the 4-byte header) end the connection.
@@ -255,3 +256,13 @@ class FrameWriter:
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
             await self._stream.send_all(b"".join(frames))
+
+
+async def write_until_closed(writer: FrameWriter) -> None:
+    """Run ``writer`` until it is closed or its peer goes away: for a connection
+    whose end is noticed elsewhere (by its reader), so a peer that left is not an
+    error here."""
+    try:
+        await writer.run()
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        return

@@ -235,7 +235,7 @@ async def _serve(control_socket: socket.socket, connector_socket: socket.socket 
         connector = trio.SocketStream(trio.socket.from_stdlib_socket(connector_socket))
         chunks = wire.FrameWriter(connector)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_write, writer)
+        nursery.start_soon(wire.write_until_closed, writer)
         init, *early = await reader.receive()
         if type(init) is not wire.Init:
             fatal = wire.Fatal(f"expected Init first, got {type(init).__name__}")
@@ -251,7 +251,7 @@ async def _serve(control_socket: socket.socket, connector_socket: socket.socket 
             return
         worker = _Worker(init, engine, writer, chunks)
         if chunks is not None and connector is not None:
-            nursery.start_soon(_write, chunks)
+            nursery.start_soon(wire.write_until_closed, chunks)
             nursery.start_soon(_read_notices, connector, worker)
         writer.send_nowait(wire.encode(wire.Ready(os.getpid())))
         try:
@@ -266,12 +266,6 @@ async def _serve(control_socket: socket.socket, connector_socket: socket.socket 
         finally:
             worker.release_all()
             nursery.cancel_scope.cancel()
-
-
-async def _write(writer: wire.FrameWriter) -> None:
-    """Run a writer; a peer that went away is the end of it, not an error."""
-    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-        await writer.run()
 
 
 async def _read_notices(connector: trio.SocketStream, worker: _Worker) -> None:
