@@ -190,3 +190,36 @@ def test_users_get_an_orchestrator_from_its_factory():
 def test_final_classes_refuse_subclasses(cls):
     with pytest.raises(TypeError, match="does not support subclassing"):
         type("Mine", (cls,), {})
+
+
+def test_the_documented_import_paths_stay():
+    from omni_trio import (  # noqa: F401
+        FinishReason,
+        Orchestrator,
+        OrchestratorStatistics,
+        OrchOutput,
+        RequestMetrics,
+        RequestStream,
+        Stage,
+        StageItem,
+        StageOutput,
+        open_orchestrator,
+    )
+    from omni_trio.compare import AsyncioOrchestrator, open_asyncio_orchestrator  # noqa: F401
+    from omni_trio.config import (  # noqa: F401
+        ConfigError,
+        PipelineConfig,
+        load_pipeline,
+        parse_pipeline,
+    )
+    from omni_trio.demo.runner import DemoOptions, run_demo  # noqa: F401
+    from omni_trio.process import (  # noqa: F401
+        ChunkIO,
+        Engine,
+        EngineRequest,
+        ProcessStage,
+        WorkerStartError,
+        open_process_pipeline,
+        open_process_stage,
+    )
+    from omni_trio.testing import ScriptedStage, collect_outputs  # noqa: F401

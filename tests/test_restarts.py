@@ -193,3 +193,14 @@ async def test_a_process_stage_reports_its_statistics():
         assert (stats.workers_started, stats.restarts, stats.deaths) == (2, 1, 1)
     assert stage.pid is None
     assert _shm.listing(stage.segment_prefix) == []
+
+
+async def test_a_stage_cancelled_before_its_worker_is_ready_leaves_no_process():
+    """A close before Ready: the block is never entered, the starting worker is killed."""
+    with trio.move_on_after(0.5) as scope:
+        async with open_process_stage(
+            "process_engines:slow_to_load", engine_args={"seconds": 30.0}
+        ):
+            pytest.fail("must not start")  # pragma: no cover
+    assert scope.cancelled_caught
+    assert worker_processes() == []
