@@ -168,6 +168,8 @@ def test_public_names_report_their_public_namespace(namespace):
     module = __import__(namespace, fromlist=["*"])
     for name in module.__all__:
         value = getattr(module, name)
+        if hasattr(value, "__origin__"):  # a type alias (Engine = Callable[...]): no module
+            continue
         if isinstance(value, type) or (callable(value) and hasattr(value, "__code__")):
             assert value.__module__ == namespace, name
     assert set(module.__all__) <= set(dir(module))

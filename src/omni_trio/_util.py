@@ -76,6 +76,16 @@ class NoPublicConstructor(type):
 # -- public namespaces --------------------------------------------------------------------
 
 
+def _ours(value: object, namespace: str) -> bool:
+    """A class or function defined in a submodule of ``namespace`` (not a type alias
+    such as ``Callable[...]``, which on 3.10 passes for a class)."""
+    return (
+        isinstance(value, (type, FunctionType))
+        and not hasattr(value, "__origin__")
+        and value.__module__.startswith(f"{namespace}.")
+    )
+
+
 def lazy_exports(
     namespace: str, exports: Mapping[str, Iterable[str]]
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
@@ -100,9 +110,7 @@ def lazy_exports(
                 continue  # not loaded yet, or published already
             for name in names:
                 value = getattr(source, name)
-                if isinstance(value, (type, FunctionType)) and value.__module__.startswith(
-                    f"{namespace}."
-                ):
+                if _ours(value, namespace):
                     value.__module__ = namespace
                 package[name] = value  # from now on found without __getattr__
         return package
