@@ -64,13 +64,6 @@ async def _receive_batch(channel: trio.MemoryReceiveChannel[T]) -> list[T]:
     return batch
 
 
-def _closed_error() -> trio.ClosedResourceError:
-    return trio.ClosedResourceError(
-        "the orchestrator is closed: requests can only be added inside its "
-        "'async with open_orchestrator(...)' block"
-    )
-
-
 @final
 class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
     """A running orchestrator; get one from :func:`open_orchestrator`."""
@@ -230,7 +223,10 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
     # -- what the base needs: waiting and sending ---------------------------------
 
     def _closed_error(self) -> trio.ClosedResourceError:
-        return _closed_error()
+        return trio.ClosedResourceError(
+            "the orchestrator is closed: requests can only be added inside its "
+            "'async with open_orchestrator(...)' block"
+        )
 
     async def _wait_for_drains(self) -> None:
         if self._draining.value:
@@ -238,11 +234,11 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
 
     async def _send_admission(self, admit: AdmitRequest) -> None:
         if self._closed:  # it may have closed while we waited
-            raise _closed_error()
+            raise self._closed_error()
         try:
             await self._inbox_send.send(admit)
         except trio.BrokenResourceError:
-            raise _closed_error() from None
+            raise self._closed_error() from None
 
     # -- tasks -----------------------------------------------------------------------
 

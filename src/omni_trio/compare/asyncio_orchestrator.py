@@ -104,13 +104,6 @@ def _check_stage(index: int, stage: object) -> AsyncioStage:
     return stage  # type: ignore[return-value]
 
 
-def _closed_error() -> OrchestratorClosed:
-    return OrchestratorClosed(
-        "the orchestrator is closed: requests can only be added inside its "
-        "'async with open_asyncio_orchestrator(...)' block"
-    )
-
-
 async def _get_batch(queue: asyncio.Queue[T]) -> list[T]:
     """Wait for one item, then take whatever else is ready."""
     batch = [await queue.get()]
@@ -271,7 +264,10 @@ class AsyncioOrchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
     # -- what the base needs: waiting and sending ---------------------------------
 
     def _closed_error(self) -> OrchestratorClosed:
-        return _closed_error()
+        return OrchestratorClosed(
+            "the orchestrator is closed: requests can only be added inside its "
+            "'async with open_asyncio_orchestrator(...)' block"
+        )
 
     async def _wait_for_drains(self) -> None:
         while self._draining:
@@ -279,7 +275,7 @@ class AsyncioOrchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
 
     async def _send_admission(self, admit: AdmitRequest) -> None:
         if self._closed:  # it may have closed while we waited
-            raise _closed_error()
+            raise self._closed_error()
         # The commit point: a put that is cancelled has not enqueued anything.
         await self._inbox.put(admit)
 
