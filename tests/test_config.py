@@ -143,3 +143,24 @@ def test_the_shm_connector_needs_async_chunk():
         parse_pipeline(text)
     forward = parse_pipeline(text.replace('"shm"', '"none"'))
     assert forward.mode == "forward"
+
+
+def test_worker_options_are_checked_where_they_are_made():
+    """The same object is [stages.runtime] and open_process_stage(options=...)."""
+    from omni_trio.process import WorkerOptions
+
+    assert WorkerOptions().heartbeat_timeout == 10.0
+    with pytest.raises(ValueError, match="heartbeat_timeout must be a positive number of sec"):
+        WorkerOptions(heartbeat_timeout=0)
+    with pytest.raises(ValueError, match="shutdown_grace must be a number of seconds >= 0"):
+        WorkerOptions(shutdown_grace=float("nan"))
+    with pytest.raises(TypeError, match="'restart' must be <class 'bool'>"):
+        WorkerOptions(restart="yes")
+
+
+async def test_open_process_stage_wants_worker_options():
+    from omni_trio.process import open_process_stage
+
+    with pytest.raises(TypeError, match="options must be a WorkerOptions, got"):
+        async with open_process_stage("process_engines:stream", options={"restart": True}):
+            pytest.fail("must not start")  # pragma: no cover
