@@ -95,3 +95,23 @@ async def test_a_reader_gone_for_good_gets_nothing_more(workers):
         await trio.testing.wait_all_tasks_blocked()
         stats = connector.statistics()
         assert (stats.chunks_relayed, stats.notices_waiting) == (0, 0)
+
+
+async def test_a_request_that_ended_leaves_nothing_held_for_it(workers):
+    """Released at its source, a request is over for its readers too -- even one it was
+    never submitted to (a text-only request's talker gets chunks, but no release)."""
+    async with open_shm_connector({0: [1]}) as connector:
+        upstream, reader = workers(), workers()
+        connector.attach(0, upstream.relay_end)
+        connector.attach(1, reader.relay_end)
+        await upstream.send(chunk("text-only", 0))
+        assert await reader.receive() == [chunk("text-only", 0)]
+        connector.detach(1)  # the reader restarts ...
+        await upstream.send(chunk("text-only", 1), chunk("other", 0))
+        await trio.testing.wait_all_tasks_blocked()
+        connector.released(0, "text-only")  # ... and the request ends meanwhile
+        assert connector.statistics().notices_waiting == 1  # only "other"'s
+        replacement = workers()
+        connector.attach(1, replacement.relay_end)
+        assert await replacement.receive() == [chunk("other", 0)]
+        assert connector.detach(1) == {"other"}

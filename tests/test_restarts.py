@@ -14,7 +14,7 @@ import signal
 import pytest
 import trio
 
-from omni_trio.process import WorkerOptions, _shm, open_process_stage
+from omni_trio.process import WorkerOptions, _shm, open_process_stage, open_shm_connector
 from processes import eventually, pipeline_config, running, worker_processes
 
 RESTART = "[stages.runtime]\nrestart = true"
@@ -204,3 +204,12 @@ async def test_a_stage_cancelled_before_its_worker_is_ready_leaves_no_process():
             pytest.fail("must not start")  # pragma: no cover
     assert scope.cancelled_caught
     assert worker_processes() == []
+
+
+async def test_closing_a_stage_loses_nothing():
+    """A stage that closes holding an unreleased request does not report it lost: only
+    a worker's death does."""
+    async with open_shm_connector({0: [1]}) as connector:
+        async with open_process_stage("process_engines:stream", connector=connector) as stage:
+            await stage.submit("r", "x")  # never released
+        assert connector.statistics().lost_notices == 0

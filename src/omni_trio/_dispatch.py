@@ -148,9 +148,10 @@ class Dispatcher:
         hand out what was decided. Returns whether a shutdown was among the messages
         (the driver then ends its delivery queues, after the aborts just handed out)."""
         self.core.now = now
+        apply = self.apply
         shutdown = False
         for message in batch:
-            self.apply(message)
+            apply(message)
             shutdown = shutdown or type(message) is ShutdownCall
         self.core.expire()
         self.flush()

@@ -17,6 +17,7 @@ from ._checks import check_max_in_flight, check_seconds
 from ._core import ForwardFn, Mode, OrchestratorCore, PrewarmFn, StageCommand
 from ._dispatch import Dispatcher, Slots
 from ._inbox import AdmitRequest, InboxMessage
+from ._messages import OrchOutput
 from ._sink import OutboxBase, StreamBase
 
 __all__ = ["OrchestratorBase", "OrchestratorStatistics", "prepare"]
@@ -202,7 +203,7 @@ class OrchestratorBase:
         self._dispatch.settle(leftovers)
         self._results.close()
 
-    def _ready_outputs(self) -> list[Any]:
+    def _ready_outputs(self) -> list[OrchOutput]:
         """Every output for ``next_output()`` produced so far and not taken, without
         waiting (for the test kits' ``collect_outputs``)."""
         return self._results.take_ready()

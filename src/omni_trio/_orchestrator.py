@@ -29,7 +29,7 @@ from trio_util import AsyncValue
 from ._checks import check_request_id
 from ._core import ForwardFn, OrchestratorCore, PrewarmFn, StageCommand
 from ._dispatch import INBOX_SIZE, MAX_BATCH
-from ._driver import OrchestratorBase, OrchestratorStatistics, prepare
+from ._driver import OrchestratorBase, prepare
 from ._errors import unwrap_single_exception
 from ._inbox import (
     AbortRequest,
@@ -46,7 +46,7 @@ from ._stage import Stage, check_stage
 from ._stream import RequestStream
 from ._util import NoPublicConstructor, describe, final
 
-__all__ = ["Orchestrator", "OrchestratorStatistics", "open_orchestrator"]
+__all__ = ["Orchestrator", "open_orchestrator"]
 
 logger = logging.getLogger("omni_trio")
 

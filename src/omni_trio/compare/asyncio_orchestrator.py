@@ -130,21 +130,23 @@ class _Outbox(OutboxBase):
     def _close_channel(self) -> None:
         self._queue.put_nowait(END_OF_OUTPUTS)
 
-    def _receive_batch_nowait(self) -> list[OrchOutput] | None:
-        try:
-            batch = self._queue.get_nowait()
-        except asyncio.QueueEmpty:
-            return None
-        if batch is END_OF_OUTPUTS:
+    def _batch(self, item: Any) -> list[OrchOutput] | None:
+        """``item`` from the queue as a batch, or ``None`` at the end (which stays)."""
+        if item is END_OF_OUTPUTS:
             self._queue.put_nowait(END_OF_OUTPUTS)  # for the next caller
             return None
-        return batch  # type: ignore[no-any-return]
+        return item  # type: ignore[no-any-return]
+
+    def _receive_batch_nowait(self) -> list[OrchOutput] | None:
+        try:
+            return self._batch(self._queue.get_nowait())
+        except asyncio.QueueEmpty:
+            return None
 
     async def get(self) -> OrchOutput:
         if not self._buffer:
-            batch = await self._queue.get()
-            if batch is END_OF_OUTPUTS:
-                self._queue.put_nowait(END_OF_OUTPUTS)  # for the next caller
+            batch = self._batch(await self._queue.get())
+            if batch is None:
                 raise EndOfOutputs("the orchestrator has shut down")
             self._take(batch)
         return self._buffer.popleft()

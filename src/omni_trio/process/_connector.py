@@ -162,8 +162,15 @@ class ShmConnector(metaclass=NoPublicConstructor):
         return lost
 
     def released(self, stage_id: int, request_id: str) -> None:
-        """Stage ``stage_id`` released the request: its notices are spent."""
-        self._link(stage_id).delivered.discard(request_id)
+        """Stage ``stage_id`` released the request: it has ended, so its notices, at
+        that stage and at the stages reading from it, are spent. (A reader that was
+        never submitted the request -- a text-only request's talker -- gets no release
+        of its own.)"""
+        for target in (stage_id, *self.routes.get(stage_id, ())):
+            link = self._link(target)
+            link.delivered.discard(request_id)
+            if link.pending:
+                link.pending = [notice for notice in link.pending if notice[0] != request_id]
 
     def close(self, stage_id: int) -> None:
         """Stage ``stage_id`` will have no worker again: drop what waits for it, and

@@ -278,10 +278,10 @@ class ProcessStage(metaclass=NoPublicConstructor):
             swept = _shm.sweep(f"{self.segment_prefix}{worker.generation}-")
             if swept:
                 logger.info("%s: swept %d segments of worker %d", self.label, swept, worker.pid)
-            if connector is not None and worker.unreleased:
-                # Downstream readers of this worker's chunks must not wait for chunks
-                # (or ends of streams) that went with it.
-                connector.lost(self.stage_id, worker.unreleased, f"{self.label} lost its worker")
+        if connector is not None and worker.unreleased:
+            # It died: downstream readers of its chunks must not wait for chunks (or
+            # ends of streams) that went with it.
+            connector.lost(self.stage_id, worker.unreleased, f"{self.label} lost its worker")
         return reason, worker.in_flight | handed
 
     def _close(self) -> None:
