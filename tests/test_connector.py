@@ -45,15 +45,21 @@ async def workers():
             worker.relay_end.close()
 
 
+def attached(connector, workers) -> tuple[FakeWorker, FakeWorker]:
+    """Stage 0's worker and stage 1's, both attached to the relay."""
+    upstream, reader = workers(), workers()
+    connector.attach(0, upstream.relay_end)
+    connector.attach(1, reader.relay_end)
+    return upstream, reader
+
+
 def chunk(request_id: str, seq: int) -> wire.Chunk:
     return wire.Chunk(request_id, f"seg-{request_id}-{seq}", 10, seq)
 
 
 async def test_notices_wait_for_a_restarting_reader_and_its_losses_are_named(workers):
     async with open_shm_connector({0: [1]}) as connector:
-        upstream, reader = workers(), workers()
-        connector.attach(0, upstream.relay_end)
-        connector.attach(1, reader.relay_end)
+        upstream, reader = attached(connector, workers)
         await upstream.send(chunk("a", 0))
         assert await reader.receive() == [chunk("a", 0)]
         connector.released(1, "gone-already")
@@ -101,9 +107,7 @@ async def test_a_request_that_ended_leaves_nothing_held_for_it(workers):
     """Released at its source, a request is over for its readers too -- even one it was
     never submitted to (a text-only request's talker gets chunks, but no release)."""
     async with open_shm_connector({0: [1]}) as connector:
-        upstream, reader = workers(), workers()
-        connector.attach(0, upstream.relay_end)
-        connector.attach(1, reader.relay_end)
+        upstream, reader = attached(connector, workers)
         await upstream.send(chunk("text-only", 0))
         assert await reader.receive() == [chunk("text-only", 0)]
         connector.detach(1)  # the reader restarts ...
