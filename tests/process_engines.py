@@ -8,6 +8,8 @@ import time
 
 import trio
 
+from omni_trio.process import Last
+
 
 def stream(count: int = 3, delay: float = 0.0, chunked: bool = True):
     """Yields ``count`` items; streams each one downstream too, when connected."""
@@ -37,6 +39,47 @@ def relay(delay: float = 0.0):
         else:
             for item in request.inputs:
                 yield str(item).upper()
+
+    return engine
+
+
+def marks_last(count: int = 3):
+    """Yields ``count`` items, the last wrapped in ``Last``: stage 0 makes them up, a
+    later stage upper-cases its upstream chunks (it stops at the ``count``-th, its
+    last) or its forwarded inputs; each item is streamed downstream too, when
+    connected."""
+
+    async def engine(request, io):
+        if request.stage_id == 0:
+            for i in range(count):
+                item = f"{request.inputs}:{i}"
+                if io.connected:
+                    await io.send(item.encode())
+                yield Last(item) if i == count - 1 else item
+        elif io.connected:
+            i = 0
+            async for chunk in io:
+                i += 1
+                item = chunk.decode().upper()
+                await io.send(item.encode())
+                yield Last(item) if i == count else item
+        else:
+            items = [str(item).upper() for item in request.inputs]
+            for i, item in enumerate(items):
+                yield Last(item) if i == len(items) - 1 else item
+
+    return engine
+
+
+def last_when_told(signal: str):
+    """Yields ``first``, then waits until the file ``signal`` exists, then yields
+    ``Last("second")``: the test creates it only once ``first`` reached it."""
+
+    async def engine(request, io):
+        yield "first"
+        while not await trio.Path(signal).exists():  # noqa: ASYNC110 - the test is another process
+            await trio.sleep(0.01)
+        yield Last("second")
 
     return engine
 

@@ -11,7 +11,7 @@ from rich.console import Console
 from omni_trio._cli import main
 from omni_trio.demo.engines import SAMPLE_RATE, code2wav, response_tokens
 from omni_trio.demo.runner import DemoOptions, run_demo
-from omni_trio.process import EngineRequest
+from omni_trio.process import EngineRequest, Last
 
 
 def test_the_demo_runs_both_modes_and_writes_a_wav(tmp_path, capsys):
@@ -49,7 +49,9 @@ def test_the_audio_is_deterministic_for_a_prompt():
 
     async def render(codes):
         engine = code2wav()
-        return [pcm async for pcm in engine(EngineRequest("r", codes, 2), NoConnector())]
+        outputs = [pcm async for pcm in engine(EngineRequest("r", codes, 2), NoConnector())]
+        assert isinstance(outputs[-1], Last)  # it knows its tail is its last output
+        return [*outputs[:-1], outputs[-1].data]
 
     first = trio.run(render, list(range(30)))
     assert first == trio.run(render, list(range(30)))

@@ -31,6 +31,7 @@ async def test_async_chunk_end_to_end():
     async with running(pipeline_config(*THREE_STAGES)) as (pipeline, orch):
         async with orch.open_request("hi") as stream:
             outs = [out async for out in stream]
+        # stream and relay mark no last output: each stage's ends with a bare completion.
         assert [o.data for o in outs if o.stage_id == 0] == ["hi:0:0", "hi:0:1", "hi:0:2", None]
         assert [o.data for o in outs if o.stage_id == 2] == ["HI:0:0", "HI:0:1", "HI:0:2", None]
         assert outs[-1].finish_reason == "completed"
@@ -56,6 +57,59 @@ async def test_forward_end_to_end():
         (2, "YO:0:1"),
         (2, None),
     ]
+
+
+async def test_async_chunk_a_marked_last_output_is_the_completion():
+    config = pipeline_config(
+        ("marks_last", "{ count = 3 }", True, ""),
+        ("marks_last", "{ count = 3 }", False, ""),
+        ("marks_last", "{ count = 3 }", True, ""),
+    )
+    async with running(config) as (pipeline, orch):
+        async with orch.open_request("hi") as stream:
+            outs = [out async for out in stream]
+        assert [o.data for o in outs if o.stage_id == 0] == ["hi:0", "hi:1", "hi:2"]
+        assert [o.data for o in outs if o.stage_id == 2] == ["HI:0", "HI:1", "HI:2"]
+        assert [o.finished for o in outs] == [False] * 5 + [True]
+        # The terminal is the last final stage to finish, with its last data.
+        assert outs[-1].finish_reason == "completed"
+        assert outs[-1].data == {0: "hi:2", 2: "HI:2"}[outs[-1].stage_id]
+        await eventually(lambda: _shm.listing(pipeline.prefix) == [])
+
+
+async def test_forward_a_marked_last_output_is_the_completion_and_is_forwarded():
+    config = pipeline_config(
+        ("marks_last", "{ count = 2 }", True, ""),
+        ("marks_last", "{}", False, 'custom_process_input_func = "process_engines:forward_join"'),
+        ("marks_last", "{}", True, ""),
+        async_chunk=False,
+    )
+    async with running(config) as (_, orch), orch.open_request("yo") as stream:
+        outs = [(o.stage_id, o.data, o.finish_reason) async for o in stream]
+    # forward_fn got stage 0's outputs, the last one included: stage 1 got
+    # ["yo:0", "yo:1"], and stage 2 its two upper-cased items.
+    assert outs == [
+        (0, "yo:0", None),
+        (0, "yo:1", None),
+        (2, "YO:0", None),
+        (2, "YO:1", "completed"),
+    ]
+
+
+async def test_marking_the_last_output_delays_no_output(tmp_path):
+    """The worker sends each item as it is yielded: the first reaches the user while
+    the engine waits, before it has yielded (and marked) its last -- were the worker
+    holding one output back to find the last, the first would wait with it."""
+    signal = tmp_path / "go"
+    config = pipeline_config(("last_when_told", f'{{ signal = "{signal}" }}', True, ""))
+    async with running(config) as (_, orch), orch.open_request("x") as stream:
+        with trio.fail_after(10):
+            first = await stream.receive()
+        assert (first.data, first.finished) == ("first", False)
+        signal.touch()
+        with trio.fail_after(10):
+            outs = [out async for out in stream]
+    assert [(o.data, o.finish_reason) for o in outs] == [("second", "completed")]
 
 
 async def test_a_slow_talker_completion_holds_the_terminal_and_the_segments():

@@ -7,7 +7,7 @@ import pytest
 import trio
 import trio.testing
 
-from omni_trio.process import _shm
+from omni_trio.process import Last, _shm
 from omni_trio.process import _wire as wire
 from omni_trio.process.worker import _Worker
 from process_engines import relay
@@ -202,3 +202,78 @@ async def test_a_missing_notice_is_an_error_not_a_gap_in_the_data(prefix):
             "short": "ChunkLostError: request 'short': chunk 0 of its upstream stage never arrived",
         }
         worker.release_all()
+
+
+def sent_chunks(worker: _Worker) -> list[wire.Chunk]:
+    """The chunk notices the worker queued for the relay so far, decoded."""
+    assert worker.chunks is not None
+    frames = []
+    while True:
+        try:
+            frame = worker.chunks._receive.receive_nowait()
+        except trio.WouldBlock:
+            return frames
+        frames.append(wire.DECODE_TO_RELAY.decode(frame[4:]))
+
+
+def worker_of(prefix: str, engine, completion_delay: float = 0.0) -> _Worker:
+    init = wire.Init(0, "thinker", "tests:engine", {}, prefix, completion_delay=completion_delay)
+    control = wire.FrameWriter(trio.testing.MemorySendStream())
+    chunks = wire.FrameWriter(trio.testing.MemorySendStream())
+    return _Worker(init, engine, control, chunks)
+
+
+async def test_a_last_output_is_the_completion_after_the_stream_end_and_the_delay(
+    prefix, autojump_clock
+):
+    """``yield Last(data)``: data goes out as the completion -- after the end of the
+    request's chunk stream and the completion delay, as a bare completion would -- and
+    the engine is closed there: what follows the yield never runs, its finally does."""
+    events = []
+
+    async def engine(request, io):
+        try:
+            yield "a"
+            yield Last("b")
+            events.append("resumed")
+            yield "c"
+        finally:
+            events.append("closed")
+
+    worker = worker_of(prefix, engine, completion_delay=1.0)
+    async with trio.open_nursery() as nursery:
+        worker.handle(wire.Submit("r", None), nursery)
+        await trio.sleep(0.5)
+        assert [(f.data, f.finished) for f in sent(worker)] == [("a", False)]
+        assert [c.eos for c in sent_chunks(worker)] == [True]  # the stream's end went first
+        assert events == ["closed"]
+    assert trio.current_time() == 1.0
+    assert [(f.data, f.finished) for f in sent(worker)] == [("b", True)]
+    assert events == ["closed"]
+
+
+async def test_an_engine_without_last_ends_with_a_bare_completion(prefix):
+    async def engine(request, io):
+        yield "a"
+        yield "b"
+
+    worker = worker_of(prefix, engine)
+    async with trio.open_nursery() as nursery:
+        worker.handle(wire.Submit("r", None), nursery)
+    frames = sent(worker)
+    assert [(f.data, f.finished) for f in frames] == [("a", False), ("b", False), (None, True)]
+
+
+async def test_an_engine_that_yields_on_after_its_last_fails_its_request(prefix):
+    """Closed after ``Last``, an engine that goes on yielding anyway is broken."""
+
+    async def engine(request, io):
+        try:
+            yield Last("a")
+        except GeneratorExit:
+            yield "more"
+
+    worker = worker_of(prefix, engine)
+    async with trio.open_nursery() as nursery:
+        worker.handle(wire.Submit("r", None), nursery)
+    assert failure(worker, "r") == "RuntimeError: async generator ignored GeneratorExit"

@@ -15,12 +15,13 @@ from __future__ import annotations
 import math
 import zlib
 from array import array
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import trio
 
-from ..process import ChunkIO, Engine, EngineRequest
+from ..process import ChunkIO, Engine, EngineRequest, Last
 
 __all__ = [
     "SAMPLE_RATE",
@@ -82,11 +83,12 @@ def thinker(tokens_per_second: float = 50.0, max_tokens: int = 40) -> Engine:
     """Stage 0: text tokens at ``tokens_per_second``."""
 
     async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
-        for token in response_tokens(request.inputs, max_tokens):
+        tokens = response_tokens(request.inputs, max_tokens)
+        for index, token in enumerate(tokens, 1):
             await trio.sleep(1 / tokens_per_second)
             if io.connected:
                 await io.send(token.encode())
-            yield token
+            yield Last(token) if index == len(tokens) else token  # the last travels as the end
 
     return engine
 
@@ -94,7 +96,7 @@ def thinker(tokens_per_second: float = 50.0, max_tokens: int = 40) -> Engine:
 def talker(codes_per_second: float = 150.0, codes_per_token: int = 4) -> Engine:
     """Stage 1: codec codes from text, ``codes_per_token`` per token."""
 
-    async def codes_for(tokens: AsyncIterator[str] | list[str]) -> AsyncIterator[list[int]]:
+    async def codes_for(tokens: AsyncIterator[str] | list[str]) -> AsyncGenerator[list[int], None]:
         async def each() -> AsyncIterator[str]:
             if isinstance(tokens, list):
                 for token in tokens:
@@ -118,8 +120,12 @@ def talker(codes_per_second: float = 150.0, codes_per_token: int = 4) -> Engine:
             async for codes in codes_for(tokens()):
                 await io.send(array("B", codes).tobytes())
         else:  # forward: the whole answer is the input
-            async for codes in codes_for(list(request.inputs)):
-                yield codes
+            answer = list(request.inputs)
+            count = 0
+            async with aclosing(codes_for(answer)) as each:  # closed with this engine
+                async for codes in each:
+                    count += 1
+                    yield Last(codes) if count == len(answer) else codes
 
     return engine
 
@@ -149,8 +155,8 @@ def code2wav(chunk_codes: int = CODES_PER_CHUNK) -> Engine:
                 yield render(pending[:chunk_codes])
                 del pending[:chunk_codes]
                 await trio.lowlevel.checkpoint()
-        if pending:
-            yield render(pending)
+        if pending:  # the tail: the last output (in forward mode, always there)
+            yield Last(render(pending))
 
     return engine
 

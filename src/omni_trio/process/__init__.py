@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from ._engine import Engine as Engine
     from ._engine import EngineFactory as EngineFactory
     from ._engine import EngineRequest as EngineRequest
+    from ._engine import Last as Last
     from ._options import WorkerOptions as WorkerOptions
     from ._pipeline import ProcessPipeline as ProcessPipeline
     from ._pipeline import open_process_pipeline as open_process_pipeline
@@ -33,7 +34,14 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
 _EXPORTS = {
     "._connection": ["WorkerStartError"],
     "._connector": ["ConnectorStatistics", "ShmConnector", "open_shm_connector"],
-    "._engine": ["ChunkIO", "ChunkLostError", "Engine", "EngineFactory", "EngineRequest"],
+    "._engine": [
+        "ChunkIO",
+        "ChunkLostError",
+        "Engine",
+        "EngineFactory",
+        "EngineRequest",
+        "Last",
+    ],
     "._options": ["WorkerOptions"],
     "._pipeline": ["ProcessPipeline", "open_process_pipeline"],
     "._stage": [

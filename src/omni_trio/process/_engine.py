@@ -3,10 +3,12 @@
 An engine is an async generator function ``engine(request, io)``: it gets the
 request's input and a :class:`ChunkIO` handle, and yields the stage's output data
 items, which travel to the orchestrator as the stage's outputs (a final stage's reach
-the user). In async_chunk mode it also streams to its neighbours through ``io``: it
-receives its upstream stage's chunks with ``async for chunk in io`` and sends chunks
-downstream with ``await io.send(...)``. The worker runs it under Trio; an ``abort``
-cancels it, an exception fails the request.
+the user); an engine that knows which item is its last yields it wrapped in
+:class:`Last`, and that item travels as the stage's completion. In async_chunk mode
+it also streams to its neighbours through ``io``: it receives its upstream stage's
+chunks with ``async for chunk in io`` and sends chunks downstream with ``await
+io.send(...)``. The worker runs it under Trio; an ``abort`` cancels it, an exception
+fails the request.
 
 A stage is configured with the import path of a *factory*, called once in the worker
 with the stage's ``engine_args`` as keyword arguments, which returns the engine.
@@ -19,7 +21,7 @@ from typing import Any, Protocol
 
 import attrs
 
-__all__ = ["ChunkIO", "ChunkLostError", "Engine", "EngineFactory", "EngineRequest"]
+__all__ = ["ChunkIO", "ChunkLostError", "Engine", "EngineFactory", "EngineRequest", "Last"]
 
 
 @attrs.frozen
@@ -36,6 +38,29 @@ class EngineRequest:
     request_id: str
     inputs: Any
     stage_id: int
+
+
+@attrs.frozen
+class Last:
+    """An engine's last output: ``yield Last(data)``.
+
+    The worker sends ``data`` as the stage's completion (an output with
+    ``finished=True``), so it reaches the orchestrator -- and, from a final stage, the
+    user's terminal -- with the completion instead of before a bare one. It does so
+    after the end of the engine's chunk stream and stops the engine there, as a
+    ``break`` out of an ``async for`` would: the generator is closed, so code after the
+    ``yield`` does not run (``finally`` blocks and ``async with`` exits do). An engine
+    that yields no ``Last`` ends with a bare completion (``data=None``) when it returns.
+
+    Nothing is held back to find the last output: each item is sent as it is yielded.
+    Mark the last one where the engine knows it, as an LLM engine does when its
+    backend reports a sequence finished.
+
+    Attributes:
+      data: The output data item, as for any other yield.
+    """
+
+    data: Any
 
 
 class ChunkLostError(Exception):
@@ -70,7 +95,8 @@ class ChunkIO(Protocol):
 
 Engine = Callable[[EngineRequest, ChunkIO], AsyncIterator[Any]]
 """``engine(request, io)``: an async generator yielding output data items (anything
-msgpack can carry: ``str``, ``bytes``, numbers, lists, dicts, ``None``)."""
+msgpack can carry: ``str``, ``bytes``, numbers, lists, dicts, ``None``), the last one
+optionally wrapped in :class:`Last`."""
 
 EngineFactory = Callable[..., Engine]
 """``factory(**engine_args) -> Engine``, named by an import path ``"package.module:name"``."""

@@ -28,7 +28,7 @@ import trio
 from .._util import describe, import_object
 from . import _shm
 from . import _wire as wire
-from ._engine import ChunkLostError, Engine, EngineRequest
+from ._engine import ChunkLostError, Engine, EngineRequest, Last
 
 __all__ = ["main"]
 
@@ -215,13 +215,17 @@ class _Worker:
         with request.scope:
             try:
                 stream = self.engine(EngineRequest(request_id, inputs, self.init.stage_id), io)
+                last = None  # the data of the completion: a bare one unless marked
                 async with aclosing(stream):  # type: ignore[type-var]
                     async for data in stream:
+                        if isinstance(data, Last):
+                            last = data.data
+                            break  # the engine said so: closing it is its end
                         control.send_nowait(wire.encode(wire.Output(request_id, data, False)))
                 io.end()
                 if self.init.completion_delay:  # a slow control path, for tests and demos
                     await trio.sleep(self.init.completion_delay)
-                control.send_nowait(wire.encode(wire.Output(request_id, None, True)))
+                control.send_nowait(wire.encode(wire.Output(request_id, last, True)))
             except Exception as exc:
                 control.send_nowait(wire.encode(wire.Failed(request_id, describe(exc))))
 
