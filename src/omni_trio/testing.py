@@ -1,8 +1,8 @@
 """Tools for testing code that uses omni_trio (and omni_trio itself).
 
 :class:`ScriptedStage` is a :class:`~omni_trio.Stage` whose outputs a test emits by
-hand, in any order, so that every interleaving the seed worries about can be written
-down step by step.
+hand, in any order, so that any interleaving of outputs and completion reports can be
+written down step by step.
 """
 
 from __future__ import annotations

@@ -3,14 +3,34 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import sys
 
 from ..compare.frameworks import FRAMEWORKS
 from ._workloads import run_all, throughput
 
+PROG = "python -m omni_trio.bench"
+
+
+def _require(module: str, needed_by: str) -> None:
+    """Check that an optional dependency of the bench extra imports, or exit with
+    status 2 and one line saying what to install (not a traceback)."""
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise  # the package is there but broken: its traceback says why
+        print(
+            f"{PROG}: {needed_by} needs {module}, which is not installed: "
+            "pip install 'omni-trio[bench]' (from a checkout: pip install '.[bench]')",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
+
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m omni_trio.bench")
+    parser = argparse.ArgumentParser(prog=PROG)
     parser.add_argument("--impl", choices=sorted(FRAMEWORKS), required=True)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--latency-load", type=float, help="scenario 5's offered load (events/s)")
@@ -21,7 +41,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     fw = FRAMEWORKS[args.impl]
+    if args.impl == "asyncio+uvloop":
+        _require("uvloop", "--impl asyncio+uvloop")
     if args.profile:
+        _require("pyinstrument", "--profile")
         from pyinstrument import Profiler
 
         profiler = Profiler(interval=0.0005)

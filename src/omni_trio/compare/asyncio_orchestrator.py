@@ -1,4 +1,6 @@
-"""The asyncio twin: the seed's own design around the same sans-IO core.
+"""The asyncio twin: the seed's design around the same sans-IO core.
+
+The seed is the specification this project reimplements: an asyncio orchestrator.
 
 asyncio tasks and ``asyncio.Queue``\\ s: a reader task per stage, one request handler
 (the only task that touches the core), a delivery task per stage, and queues between

@@ -1,0 +1,49 @@
+"""``python -m omni_trio.bench`` without the bench extra: one line, status 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import omni_trio
+
+# Runs the module as ``python -m`` would, with the package made unimportable the way
+# an environment without it is: ``import pyinstrument`` raises ModuleNotFoundError.
+RUN_WITHOUT = """
+import runpy, sys
+sys.modules[sys.argv[1]] = None
+sys.argv = ["python -m omni_trio.bench", *sys.argv[2:]]
+runpy.run_module("omni_trio.bench", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("missing", "args", "needed_by"),
+    [
+        ("pyinstrument", ["--impl", "trio", "--profile"], "--profile"),
+        ("uvloop", ["--impl", "asyncio+uvloop", "--quick"], "--impl asyncio+uvloop"),
+    ],
+)
+def test_a_missing_bench_dependency_says_what_to_install(
+    missing: str, args: list[str], needed_by: str
+) -> None:
+    env = dict(os.environ)
+    src = str(Path(omni_trio.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [sys.executable, "-c", RUN_WITHOUT, missing, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"python -m omni_trio.bench: {needed_by} needs {missing}, which is not installed: "
+        "pip install 'omni-trio[bench]' (from a checkout: pip install '.[bench]')"
+    ]
