@@ -98,7 +98,7 @@ async def test_sigkill_of_a_worker_mid_request(victim, caplog):
             text_outs = [o async for o in text]
         assert audio_outs[-1].finish_reason == "error"
         assert audio_outs[-1].stage_id == victim
-        assert audio_outs[-1].error == f"stage {victim} is dead: its outputs channel ended"
+        assert audio_outs[-1].error == f"stage {victim} died: killed by SIGKILL"
         if victim == 0:  # the text-only request needs stage 0 too
             assert text_outs[-1].finish_reason == "error"
         else:  # it does not need the dead stage: unaffected
@@ -245,11 +245,11 @@ async def test_a_worker_that_exits_fails_its_requests_with_its_exit_status(caplo
     async with running(config) as (pipeline, orch):
         async with orch.open_request("p") as stream:
             outs = [o async for o in stream]
-        assert outs[-1].error == "stage 0 is dead: its outputs channel ended"
+        assert outs[-1].error == "stage 0 died: exited with status 3"
         assert pipeline.stages[0].pid is None
         with pytest.raises(trio.BrokenResourceError, match="has no worker"):
             await pipeline.stages[0].submit("late", "p")
-    assert "it exited with status 3" in caplog.text
+    assert "exited with status 3" in caplog.text
 
 
 async def test_unencodable_inputs_fail_the_submit_only():
