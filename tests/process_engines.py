@@ -112,6 +112,17 @@ def blocks_the_loop(seconds: float = 3.0):
     return engine
 
 
+def hangs():
+    """Yields once, then waits forever: a hung engine in a healthy worker (it still
+    answers heartbeats), which only ``stage_idle_timeout`` ends."""
+
+    async def engine(request, io):
+        yield "first"
+        await trio.sleep_forever()
+
+    return engine
+
+
 def corrupts_its_control_stream():
     """Writes garbage where frames should be: a worker gone wrong."""
 

@@ -70,7 +70,7 @@ async def running(config, **orchestrator_kwargs):
     async with (
         open_process_pipeline(config) as pipeline,
         open_orchestrator(
-            *pipeline.orchestrator_args, **pipeline.orchestrator_kwargs, **orchestrator_kwargs
+            *pipeline.orchestrator_args, **(pipeline.orchestrator_kwargs | orchestrator_kwargs)
         ) as orch,
     ):
         yield pipeline, orch

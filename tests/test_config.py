@@ -101,6 +101,30 @@ def test_the_demo_pipeline_loads_and_builds_its_functions():
             ("heartbeat_timeout = 3.0", "completion_delay = -1.0"),
             r"stages\[1\]\.runtime: completion_delay must be a number of seconds >= 0",
         ),
+        (
+            ('name = "tiny"', 'name = "tiny"\nstage_idle_timeout = 0'),
+            r"^p\.toml: pipeline\.stage_idle_timeout: Expected `float` > 0",
+        ),
+        (
+            ('name = "tiny"', 'name = "tiny"\nstage_idle_timeout = "2s"'),
+            r"pipeline\.stage_idle_timeout: Expected `float \| null`, got `str`",
+        ),
+        (
+            ('name = "tiny"', 'name = "tiny"\nmax_in_flight = 0'),
+            r"pipeline\.max_in_flight: Expected `int` >= 1",
+        ),
+        (
+            ('name = "tiny"', 'name = "tiny"\nmax_in_flight = 2.5'),
+            r"pipeline\.max_in_flight: Expected `int \| null`, got `float`",
+        ),
+        (
+            ('name = "tiny"', 'name = "tiny"\nshutdown_grace = -1.0'),
+            r"pipeline\.shutdown_grace: Expected `float` >= 0",
+        ),
+        (
+            ('name = "tiny"', 'name = "tiny"\nshutdown_grace = nan'),
+            r"pipeline\.shutdown_grace: Expected `float` >= 0",
+        ),
         (("[[stages]]", "[[stage]]"), r"unknown field `stage`"),
         (("[pipeline]", "[pipeline"), "not valid TOML"),
     ],
@@ -109,6 +133,49 @@ def test_errors_name_the_key(change, message):
     old, new = change
     with pytest.raises(ConfigError, match=message):
         parse_pipeline(GOOD.replace(old, new, 1), source="p.toml")
+
+
+def test_orchestrator_options_in_the_pipeline_table():
+    """[pipeline] stage_idle_timeout, max_in_flight, shutdown_grace reach
+    open_orchestrator's arguments; absent, they are its defaults."""
+    defaults = parse_pipeline(GOOD).orchestrator_options
+    assert defaults == {"stage_idle_timeout": None, "max_in_flight": None, "shutdown_grace": 5.0}
+    text = GOOD.replace(
+        'name = "tiny"',
+        'name = "tiny"\nstage_idle_timeout = 2\nmax_in_flight = 4\nshutdown_grace = 0',
+    )
+    options = parse_pipeline(text).orchestrator_options
+    assert options == {"stage_idle_timeout": 2.0, "max_in_flight": 4, "shutdown_grace": 0.0}
+    assert type(options["stage_idle_timeout"]) is float
+
+
+def test_with_pipeline_overrides_and_checks_like_a_loaded_config():
+    config = parse_pipeline(GOOD)
+    changed = config.with_pipeline(stage_idle_timeout=1.5, max_in_flight=2)
+    assert changed.pipeline.stage_idle_timeout == 1.5
+    assert changed.pipeline.max_in_flight == 2
+    assert changed.pipeline.name == "tiny"
+    assert changed.stages == config.stages
+    assert config.pipeline.stage_idle_timeout is None  # the original is untouched
+    assert changed.with_pipeline(stage_idle_timeout=None).pipeline.stage_idle_timeout is None
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"stage_idle_timeout": 0}, r"^pipeline\.stage_idle_timeout: Expected `float` > 0"),
+        ({"stage_idle_timeout": -2.0}, r"^pipeline\.stage_idle_timeout: Expected `float` > 0"),
+        ({"max_in_flight": 0}, r"^pipeline\.max_in_flight: Expected `int` >= 1"),
+        ({"max_in_flight": True}, r"^pipeline\.max_in_flight: Expected `int \| null`, got `bool`"),
+        ({"shutdown_grace": -0.5}, r"^pipeline\.shutdown_grace: Expected `float` >= 0"),
+        ({"shutdown_grace": None}, r"^pipeline\.shutdown_grace: Expected `float`, got `null`"),
+        ({"stage_idle_timeut": 1.0}, r"^pipeline: .*unknown field `stage_idle_timeut`"),
+        ({"async_chunk": False}, r"^stages\[1\]\.prewarm_func: .*async_chunk"),
+    ],
+)
+def test_with_pipeline_refuses_bad_values_naming_the_key(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_pipeline(GOOD).with_pipeline(**changes)
 
 
 def test_no_final_stage():

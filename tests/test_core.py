@@ -6,7 +6,13 @@ import pytest
 
 from helpers import join_forward, view, warm
 from omni_trio import OrchOutput, StageOutput
-from omni_trio._core import OrchestratorCore, StageAbort, StageRelease, StageSubmit
+from omni_trio._core import (
+    OrchestratorCore,
+    StageAbort,
+    StageRelease,
+    StageSubmit,
+    stage_label,
+)
 
 # These tests must not need an event loop; pytest-trio's trio_mode would otherwise
 # run async tests, and there are none here.
@@ -319,7 +325,7 @@ class TestStageDeath:
         core.stage_died(1, "pipe closed")
         outs = {o.request_id: o for o in core.take_outputs()}
         assert set(outs) == {"needs"}
-        assert outs["needs"].error == "stage 1 is dead: pipe closed"
+        assert outs["needs"].error == "stage 1 died: pipe closed"
         assert core.take_commands() == ended_early("needs", [0, 2])  # not to dead stage 1
         assert core.stage_deaths == [None, "pipe closed", None]
 
@@ -329,9 +335,27 @@ class TestStageDeath:
         core.add_request("r", "p")
         assert core.take_commands() == []
         [t] = core.take_outputs()
-        assert (t.finish_reason, t.stage_id, t.error) == ("error", 2, "stage 2 is dead: gone")
+        assert (t.finish_reason, t.stage_id, t.error) == ("error", 2, "stage 2 died: gone")
         core.add_request("text", "p", frozenset({0}))
         assert [c.stage_id for c in core.take_commands()] == [0]
+
+    def test_messages_name_the_stage(self):
+        """``stage_names`` label every message: ``stage 1 (talker)``; a missing name,
+        or one that only repeats the index (``stage0``), leaves ``stage k``."""
+        core = OrchestratorCore(3, {0, 2}, prewarm_fn=warm, stage_names=["stage0", "talker"])
+        assert core.stage_labels == ["stage 0", "stage 1 (talker)", "stage 2"]
+        core.add_request("r", "p")
+        core.add_request("s", "p")
+        core.stage_died(1, "exited with status 3")
+        assert [o.error for o in core.take_outputs()] == [
+            "stage 1 (talker) died: exited with status 3"
+        ] * 2
+        core.add_request("t", "p", frozenset({0}))
+        core.receive_output(0, StageOutput("t", error="OOM"))
+        [t] = core.take_outputs()
+        assert t.error == "stage 0 failed: OOM"
+        assert stage_label(4, "code2wav") == "stage 4 (code2wav)"
+        assert stage_label(4, "") == stage_label(4, 7) == "stage 4"
 
     def test_forward_mode_needs_stages_not_yet_submitted(self):
         core = OrchestratorCore(3, {2}, forward_fn=join_forward)

@@ -124,14 +124,14 @@ class TestFaultMatrix:
             assert view(o for o in outs if o.request_id == "text-only") == [(0, "partial", False)]
             t = terminal_of(outs, "needs-talker")
             assert (t.finish_reason, t.stage_id) == ("error", 1)
-            assert t.error == "stage 1 is dead: its outputs channel ended"
+            assert t.error == "stage 1 died: its outputs channel ended"
             assert orch.statistics().stages_alive == (True, False, True)
             assert stages[1].aborts == []  # nothing is sent to a dead stage
             assert stages[0].aborts == stages[2].aborts == ["needs-talker"]
             # A later request that needs it ends at once; one that does not, works.
             await orch.add_request("later", "p")
             t = terminal_of(await collect_outputs(orch), "later")
-            assert t.error == "stage 1 is dead: its outputs channel ended"
+            assert t.error == "stage 1 died: its outputs channel ended"
             assert stages[1].submitted_ids() == ["needs-talker"]
             await stages[0].emit("text-only", "rest", finished=True)
             assert view(await collect_outputs(orch)) == [(0, "rest", True)]
@@ -148,7 +148,7 @@ class TestFaultMatrix:
             t = terminal_of(outs, "r")
             assert (
                 t.error
-                == "stage 2 is dead: reading its outputs raised RuntimeError: engine socket reset"
+                == "stage 2 died: reading its outputs raised RuntimeError: engine socket reset"
             )
             assert orch.statistics().stages_alive == (True, True, False)
         assert "engine socket reset" in caplog.text
@@ -193,7 +193,10 @@ class TestFaultMatrix:
                 async for out in stream:
                     assert out.data == "a"
                     break
-            assert stream.terminal is None  # it never saw one
+            # The block's exit waited for the abort's terminal ("b" was skipped).
+            assert stream.terminal == OrchOutput("r", 2, None, True, "aborted")
+            assert stream.terminal.metrics.num_outputs == 3  # "a", "b", the terminal
+            assert repr(stream) == "<RequestStream 'r' aborted>"
             await trio.testing.wait_all_tasks_blocked()
             assert [s.aborts for s in stages] == [["r"]] * 3
             assert orch.statistics().aborted == 1
@@ -211,6 +214,8 @@ class TestFaultMatrix:
                         pytest.fail("no output was emitted")  # pragma: no cover
             assert scope.cancelled_caught
             assert trio.current_time() == 3
+            assert stream.terminal.finish_reason == "aborted"
+            assert stream.terminal.metrics.e2e_latency == 3
             await trio.testing.wait_all_tasks_blocked()
             assert [s.aborts for s in stages] == [[stream.request_id]] * 3
             assert orch.statistics().in_flight == 0
@@ -219,10 +224,76 @@ class TestFaultMatrix:
         stages = pipeline()
         async with orchestrated(stages) as orch:
             with pytest.raises(ZeroDivisionError):
-                async with orch.open_request("p", request_id="r"):
+                async with orch.open_request("p", request_id="r") as stream:
                     1 / 0  # noqa: B018
+            assert stream.terminal == OrchOutput("r", 2, None, True, "aborted")
             await trio.testing.wait_all_tasks_blocked()
             assert stages[0].aborts == ["r"]
+
+    async def test_a_terminal_that_arrived_unread_is_taken_not_aborted(self):
+        """The request had ended, its terminal sitting in the stream: leaving early
+        takes that terminal, and nothing is aborted."""
+        stages = pipeline()
+        async with orchestrated(stages) as orch:
+            async with orch.open_request("p", request_id="r") as stream:
+                await stages[0].emit("r", "text", finished=True)
+                await stages[1].emit("r", None, finished=True)
+                await stages[2].emit("r", "wav", finished=True)
+                await trio.testing.wait_all_tasks_blocked()
+                assert (await stream.receive()).data == "text"
+            assert stream.terminal == OrchOutput("r", 2, "wav", True, "completed")
+            assert stream.terminal.metrics is not None
+            await trio.testing.wait_all_tasks_blocked()
+            assert [s.aborts for s in stages] == [[], [], []]
+            assert orch.statistics().aborted == 0
+
+    async def test_leaving_early_does_not_wait_for_the_stages_aborts(self, autojump_clock):
+        """The terminal comes from the orchestrator; a stage slow to take its abort
+        does not hold the block's exit."""
+
+        async def stuck(request_id):
+            await trio.sleep_forever()
+
+        stages = pipeline(on_abort=stuck)
+        async with open_orchestrator(stages, {0, 2}, prewarm_fn=warm, shutdown_grace=1) as orch:
+            async with orch.open_request("p") as stream:
+                pass
+            assert trio.current_time() == 0
+            assert stream.terminal.finish_reason == "aborted"
+
+    async def test_a_stream_left_after_the_shutdown_still_gets_its_terminal(self):
+        stages = pipeline()
+        leave = trio.Event()
+
+        async def hold(task_status=trio.TASK_STATUS_IGNORED):
+            async with orch.open_request("p", request_id="r") as stream:
+                task_status.started(stream)
+                await leave.wait()
+
+        async with trio.open_nursery() as nursery:
+            async with open_orchestrator(stages, {0, 2}, prewarm_fn=warm) as orch:
+                stream = await nursery.start(hold)
+            assert stream.terminal is None  # the block is still open, its terminal unread
+            leave.set()
+        assert stream.terminal == OrchOutput("r", 2, None, True, "aborted")
+        assert stream.terminal.metrics is not None
+        assert [s.aborts for s in stages] == [["r"]] * 3
+
+    async def test_a_named_stage_says_why_it_died(self):
+        """A stage's optional ``name`` and ``death_cause`` make the terminals say
+        which stage died and why."""
+        stages = pipeline()
+        stages[1].name = "talker"
+        async with orchestrated(stages) as orch:
+            await orch.add_request("r", "p")
+            await trio.testing.wait_all_tasks_blocked()
+            stages[1].close("no heartbeat for 10.0 s, killed")
+            t = terminal_of(await collect_outputs(orch), "r")
+            assert (t.finish_reason, t.stage_id) == ("error", 1)
+            assert t.error == "stage 1 (talker) died: no heartbeat for 10.0 s, killed"
+            await orch.add_request("later", "p")
+            t = terminal_of(await collect_outputs(orch), "later")
+            assert t.error == "stage 1 (talker) died: no heartbeat for 10.0 s, killed"
 
     async def test_abort_during_pending_final(self):
         stages = pipeline()

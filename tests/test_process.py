@@ -152,7 +152,7 @@ async def test_sigkill_of_a_worker_mid_request(victim, caplog):
             text_outs = [o async for o in text]
         assert audio_outs[-1].finish_reason == "error"
         assert audio_outs[-1].stage_id == victim
-        assert audio_outs[-1].error == f"stage {victim} is dead: its outputs channel ended"
+        assert audio_outs[-1].error == f"stage {victim} died: killed by SIGKILL"
         if victim == 0:  # the text-only request needs stage 0 too
             assert text_outs[-1].finish_reason == "error"
         else:  # it does not need the dead stage: unaffected
@@ -178,7 +178,7 @@ async def test_a_restarted_worker_serves_the_next_requests():
             talker.kill()
             outs = [o async for o in stream]
         assert outs[-1].finish_reason == "error"
-        assert "was restarted" in outs[-1].error
+        assert outs[-1].error == "stage 1 failed: its worker died: killed by SIGKILL (restarted)"
         await eventually(lambda: talker.pid is not None and talker.pid != first_pid)
         assert talker.statistics().restarts == 1
         assert orch.statistics().stages_alive == (True, True, True)
@@ -193,15 +193,39 @@ async def test_a_worker_that_stops_answering_heartbeats_is_dead():
             "blocks_the_loop",
             "{ seconds = 3.0 }",
             True,
-            "[stages.runtime]\nheartbeat_interval = 0.1\nheartbeat_timeout = 0.5",
+            'name = "thinker"\n[stages.runtime]\nheartbeat_interval = 0.1\nheartbeat_timeout = 0.5',
         ),
     )
     async with running(config) as (pipeline, orch):
-        async with orch.open_request("block") as stream:
-            outs = [o async for o in stream]
+        with trio.fail_after(10):
+            async with orch.open_request("block") as stream:
+                outs = [o async for o in stream]
         assert outs[-1].finish_reason == "error"
+        assert outs[-1].error == "stage 0 (thinker) died: no heartbeat for 0.5 s, killed"
+        assert pipeline.stages[0].death_cause == "no heartbeat for 0.5 s, killed"
         assert orch.statistics().stages_alive == (False,)
         assert pipeline.stages[0].statistics().deaths == 1
+
+
+async def test_a_hung_engine_ends_its_request_with_the_watchdogs_error():
+    """[pipeline] stage_idle_timeout reaches the orchestrator through the pipeline's
+    orchestrator_kwargs; the engine's worker stays healthy, the request ends."""
+    config = pipeline_config(("hangs", "{}", True, 'name = "thinker"'))
+    config = config.with_pipeline(stage_idle_timeout=0.5)
+    async with running(config) as (pipeline, orch):
+        with trio.fail_after(10):
+            async with orch.open_request("p") as stream:
+                outs = [o async for o in stream]
+        assert [o.data for o in outs] == ["first", None]
+        assert outs[-1].finish_reason == "error"
+        assert outs[-1].error == "stage 0 (thinker) sent nothing for 0.5 s (stage_idle_timeout)"
+        assert outs[-1].metrics.e2e_latency >= 0.5
+        # The worker took the abort and lives on: the next request runs (and hangs) too.
+        assert orch.statistics().stages_alive == (True,)
+        assert pipeline.stages[0].statistics().deaths == 0
+        with trio.fail_after(10):
+            async with orch.open_request("again") as stream:
+                assert (await stream.receive()).data == "first"
 
 
 async def test_a_malformed_frame_ends_the_connection(caplog):
@@ -295,15 +319,17 @@ async def test_a_pipeline_raises_bare_errors(async_chunk):
 
 
 async def test_a_worker_that_exits_fails_its_requests_with_its_exit_status(caplog):
-    config = pipeline_config(("exits", "{ code = 3 }", True, ""))
+    config = pipeline_config(("exits", "{ code = 3 }", True, 'name = "thinker"'))
     async with running(config) as (pipeline, orch):
         async with orch.open_request("p") as stream:
             outs = [o async for o in stream]
-        assert outs[-1].error == "stage 0 is dead: its outputs channel ended"
+        assert outs[-1].error == "stage 0 (thinker) died: exited with status 3"
+        async with orch.open_request("later") as stream:  # refused at admission, same cause
+            assert [o.error async for o in stream] == [outs[-1].error]
         assert pipeline.stages[0].pid is None
         with pytest.raises(trio.BrokenResourceError, match="has no worker"):
             await pipeline.stages[0].submit("late", "p")
-    assert "it exited with status 3" in caplog.text
+    assert "exited with status 3" in caplog.text
 
 
 async def test_unencodable_inputs_fail_the_submit_only():

@@ -14,6 +14,64 @@ def pipeline(fw, n=3, **kwargs):
 
 
 @both
+async def test_a_dead_stage_is_named_with_its_cause(fw):
+    stages = pipeline(fw)
+    stages[1].name = "talker"
+    async with fw.open_orchestrator(stages, {0, 2}, prewarm_fn=warm) as orch:
+        await orch.add_request("r", "p")
+        await fw.settle()
+        stages[1].close("exited with status 3")
+        [t] = await fw.collect_outputs(orch)
+        assert t == OrchOutput(
+            "r", 1, None, True, "error", "stage 1 (talker) died: exited with status 3"
+        )
+        assert orch.statistics().stages_alive == (True, False, True)
+    stages = pipeline(fw)  # no name, no cause
+    async with fw.open_orchestrator(stages, {0, 2}, prewarm_fn=warm) as orch:
+        await orch.add_request("r", "p")
+        await fw.settle()
+        stages[2].close()
+        [t] = await fw.collect_outputs(orch)
+        assert t.error == "stage 2 died: its outputs channel ended"
+
+
+@both
+async def test_the_watchdog_names_the_silent_stage(fw):
+    stage = fw.ScriptedStage()
+    stage.name = "thinker"
+    async with fw.open_orchestrator([stage], {0}, prewarm_fn=warm, stage_idle_timeout=2.0) as orch:
+        await orch.add_request("r", "p")
+        await stage.emit("r", "tok")
+        await fw.sleep(5)
+        outs = await fw.collect_outputs(orch)
+        assert view(outs) == [(0, "tok", False), (0, None, True)]
+        assert outs[-1].error == "stage 0 (thinker) sent nothing for 2 s (stage_idle_timeout)"
+        assert outs[-1].metrics.e2e_latency == 2
+
+
+@both
+async def test_a_stream_left_early_holds_its_aborted_terminal(fw):
+    stages = pipeline(fw)
+    async with fw.open_orchestrator(stages, {0, 2}, prewarm_fn=warm) as orch:
+        async with orch.open_request("p", request_id="r") as stream:
+            await stages[0].emit("r", "a")
+            await stages[0].emit("r", "b")
+            await fw.settle()  # both are in the stream
+            async for _ in stream:
+                break
+        assert stream.terminal == OrchOutput("r", 2, None, True, "aborted")
+        assert stream.terminal.metrics.num_outputs == 3
+        assert repr(stream).endswith("'r' aborted>")
+        with pytest.raises(KeyError):
+            async with orch.open_request("p", request_id="x") as failed:
+                raise KeyError("x")
+        assert failed.terminal == OrchOutput("x", 2, None, True, "aborted")
+        await fw.settle()
+        assert stages[0].aborts == ["r", "x"]
+        assert orch.statistics().aborted == 2
+
+
+@both
 async def test_forward_mode_end_to_end(fw):
     s0, s1, s2 = stages = pipeline(fw)
     async with fw.open_orchestrator(stages, {0, 2}, forward_fn=join_forward) as orch:
@@ -327,3 +385,32 @@ async def test_abort_and_release_that_raise_are_logged_and_the_rest_goes_on(fw, 
     assert stage.releases == ["r", "next"]
     assert "stage 0: abort('r') raised" in caplog.text
     assert "stage 0: release('next') raised" in caplog.text
+
+
+def test_the_twins_stream_cancelled_in_its_block_holds_its_aborted_terminal():
+    """asyncio's edge-triggered cancellation: the cleanup still waits for the terminal."""
+    import asyncio
+
+    from omni_trio.compare.asyncio_orchestrator import open_asyncio_orchestrator
+    from omni_trio.compare.asyncio_testing import AsyncioScriptedStage, run_with_virtual_time
+
+    async def main():
+        stages = [AsyncioScriptedStage() for _ in range(3)]
+        async with open_asyncio_orchestrator(stages, {0, 2}, prewarm_fn=warm) as orch:
+            streams = []
+
+            async def consume():
+                async with orch.open_request("p", request_id="r") as stream:
+                    streams.append(stream)
+                    await asyncio.sleep(100)
+
+            task = asyncio.create_task(consume())
+            await asyncio.sleep(1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            [stream] = streams
+            assert stream.terminal == OrchOutput("r", 2, None, True, "aborted")
+            assert stream.terminal.metrics.e2e_latency == 1
+
+    run_with_virtual_time(main)

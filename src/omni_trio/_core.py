@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, TypeAlias
 
 import attrs
@@ -34,6 +34,7 @@ __all__ = [
     "StageCommand",
     "StageRelease",
     "StageSubmit",
+    "stage_label",
 ]
 
 logger = logging.getLogger("omni_trio")
@@ -43,6 +44,14 @@ PrewarmFn: TypeAlias = Callable[[int, Any], Any]
 """``prewarm_fn(stage_id, prompt) -> placeholder input`` for stage ``stage_id``."""
 ForwardFn: TypeAlias = Callable[[int, list[Any]], Any]
 """``forward_fn(stage_id, outputs) -> input for stage_id + 1``."""
+
+
+def stage_label(stage_id: int, name: object = None) -> str:
+    """How messages name a stage: ``stage 0 (thinker)``, or ``stage 0`` when it has no
+    name (or its name only repeats its index, as the default ``stage0`` does)."""
+    if isinstance(name, str) and name and name != f"stage{stage_id}":
+        return f"stage {stage_id} ({name})"
+    return f"stage {stage_id}"
 
 
 @attrs.frozen
@@ -145,6 +154,8 @@ class OrchestratorCore:
       prewarm_fn: Selects async_chunk mode (see :data:`PrewarmFn`).
       stage_idle_timeout: If not ``None``, a submitted stage that sends nothing for a
           request for this many seconds ends the request (see :meth:`expire`).
+      stage_names: Per stage, a name for messages (``None``: none); see
+          :func:`stage_label`.
 
     Exactly one of ``forward_fn`` and ``prewarm_fn`` must be given.
 
@@ -160,6 +171,7 @@ class OrchestratorCore:
         forward_fn: ForwardFn | None = None,
         prewarm_fn: PrewarmFn | None = None,
         stage_idle_timeout: float | None = None,
+        stage_names: Sequence[str | None] | None = None,
     ) -> None:
         if not isinstance(num_stages, int) or num_stages < 1:
             raise ValueError(f"a pipeline needs at least one stage, got {num_stages!r}")
@@ -176,9 +188,14 @@ class OrchestratorCore:
         self.last_stage = max(self.final_stage_ids)
         self.mode: Mode = "forward" if forward_fn is not None else "async_chunk"
         self.stage_idle_timeout = stage_idle_timeout
+        names = list(stage_names or ())[:num_stages]
+        names += [None] * (num_stages - len(names))
+        #: Per stage, how error messages name it (``stage 0 (thinker)``).
+        self.stage_labels = [stage_label(sid, name) for sid, name in enumerate(names)]
         #: The driver's clock, set by the driver before it feeds events.
         self.now = 0.0
-        #: Per stage: ``None`` while alive, else why it died.
+        #: Per stage: ``None`` while alive, else why it died (its cause, as the stage
+        #: or its reader said it: ``exited with status 3``).
         self.stage_deaths: list[str | None] = [None] * num_stages
         self._forward_fn = forward_fn
         self._prewarm_fn = prewarm_fn
@@ -321,7 +338,7 @@ class OrchestratorCore:
             self._drop(stage_id, output, "the stage already finished the request")
             return
         if output.error is not None:
-            self._fail(st, stage_id, f"stage {stage_id} failed: {output.error}")
+            self._fail(st, stage_id, f"{self.stage_labels[stage_id]} failed: {output.error}")
             return
 
         if self.stage_idle_timeout is not None:
@@ -365,14 +382,17 @@ class OrchestratorCore:
                 describe(exc),
             )
             return
-        self._fail(st, command.stage_id, f"stage {command.stage_id} submit raised {describe(exc)}")
+        label = self.stage_labels[command.stage_id]
+        self._fail(st, command.stage_id, f"{label} submit raised {describe(exc)}")
 
     def stage_died(self, stage_id: int, reason: str) -> None:
         """Stage ``stage_id`` is gone for good (its outputs ended, or reading them failed).
 
         Every in-flight request that still needs it (it is at most the request's last
         stage and has not finished it) ends with an ``"error"`` terminal; later
-        requests that need it end at admission. Other requests are untouched.
+        requests that need it end at admission. Other requests are untouched. Each of
+        those terminals says ``<stage> died: <reason>``, e.g. ``stage 0 (thinker)
+        died: exited with status 3``.
         """
         if self.stage_deaths[stage_id] is not None:
             return
@@ -402,7 +422,8 @@ class OrchestratorCore:
             if deadline > now:  # heard from since: re-arm
                 heapq.heappush(timers, (deadline, seq, sid, request_id))
                 continue
-            self._fail(st, sid, f"stage {sid} sent nothing for {timeout:g} s (stage_idle_timeout)")
+            label = self.stage_labels[sid]
+            self._fail(st, sid, f"{label} sent nothing for {timeout:g} s (stage_idle_timeout)")
 
     def abort(self, request_id: str) -> bool:
         """End ``request_id`` now; a no-op (returning ``False``) if it is not in flight.
@@ -450,7 +471,7 @@ class OrchestratorCore:
         self._submit(st, nxt, stage_input)
 
     def _death_message(self, stage_id: int) -> str:
-        return f"stage {stage_id} is dead: {self.stage_deaths[stage_id]}"
+        return f"{self.stage_labels[stage_id]} died: {self.stage_deaths[stage_id]}"
 
     def _error(self, st: ReqState, stage_id: int, message: str) -> OrchOutput:
         return OrchOutput(st.request_id, stage_id, None, True, "error", message)

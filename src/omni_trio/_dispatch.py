@@ -30,7 +30,7 @@ from ._inbox import (
 from ._sink import Sink
 from ._util import describe
 
-__all__ = ["INBOX_SIZE", "MAX_BATCH", "Dispatcher", "Slots"]
+__all__ = ["INBOX_SIZE", "MAX_BATCH", "Dispatcher", "Slots", "death_cause"]
 
 _logger = logging.getLogger("omni_trio")
 
@@ -41,6 +41,19 @@ INBOX_SIZE = 64
 #: Upper bound on what one task takes from a queue before handing it on, so that one
 #: busy producer cannot hold the others off for long.
 MAX_BATCH = 512
+
+
+def death_cause(stage: object) -> str:
+    """Why a stage whose outputs ended is dead, for :class:`StageDied`: what its
+    optional ``death_cause`` attribute says (a non-empty ``str``, read once its
+    outputs ended), else ``"its outputs channel ended"``."""
+    try:
+        cause = getattr(stage, "death_cause", None)
+    except Exception:  # a property that raised says nothing either
+        cause = None
+    if isinstance(cause, str) and cause:
+        return cause
+    return "its outputs channel ended"
 
 
 class Slots(Protocol):

@@ -85,6 +85,7 @@ def prepare(
         forward_fn=forward_fn,
         prewarm_fn=prewarm_fn,
         stage_idle_timeout=stage_idle_timeout,
+        stage_names=[getattr(stage, "name", None) for stage in checked],
     )
     check_max_in_flight(max_in_flight)
     check_seconds("shutdown_grace", shutdown_grace, positive=False)

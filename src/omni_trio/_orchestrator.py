@@ -28,7 +28,7 @@ from trio_util import AsyncValue
 
 from ._checks import check_request_id
 from ._core import ForwardFn, OrchestratorCore, PrewarmFn, StageCommand
-from ._dispatch import INBOX_SIZE, MAX_BATCH
+from ._dispatch import INBOX_SIZE, MAX_BATCH, death_cause
 from ._driver import OrchestratorBase, prepare
 from ._errors import unwrap_single_exception
 from ._inbox import (
@@ -148,7 +148,11 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         after its terminal output. They do not appear in :meth:`next_output`.
         Leaving the block before the terminal was received -- ``break``, an
         exception, an enclosing cancel scope or deadline -- aborts the request: every
-        stage it was submitted to gets ``abort``.
+        stage it was submitted to gets ``abort``, and the block's exit waits
+        (shielded, up to ``shutdown_grace`` seconds) for the request's terminal, so
+        that afterwards :attr:`RequestStream.terminal` holds it: ``"aborted"``, with
+        its metrics -- or the terminal that had already arrived unread. Outputs
+        that arrived unread are skipped.
 
         Arguments, waiting and errors are those of :meth:`add_request`; without a
         ``request_id``, a unique one is generated (see :attr:`RequestStream.request_id`).
@@ -159,9 +163,10 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         try:
             yield stream
         finally:
-            if stream.terminal is None:  # left early: a bounded, shielded send
+            if not stream._take_ready():  # left early: bounded and shielded
                 with trio.move_on_after(self._shutdown_grace, shield=True):
-                    await self.abort(rid)
+                    await self.abort(rid)  # (after shutdown: it was aborted already)
+                    await stream._wait_for_terminal()
 
     async def next_output(self) -> OrchOutput:
         """Wait for the next output of a request admitted with :meth:`add_request`.
@@ -244,9 +249,7 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
 
     def _start(self, nursery: trio.Nursery) -> None:
         for sid, stage in enumerate(self._stages):
-            nursery.start_soon(
-                self._read_stage, sid, stage.outputs, name=f"omni_trio stage {sid} reader"
-            )
+            nursery.start_soon(self._read_stage, sid, stage, name=f"omni_trio stage {sid} reader")
         nursery.start_soon(self._run_shielded_tasks, name="omni_trio handler and deliveries")
 
     async def _run_shielded_tasks(self) -> None:
@@ -298,12 +301,13 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         self._inbox.close()
         self._settle(leftovers)
 
-    async def _read_stage(self, stage_id: int, outputs: trio.abc.ReceiveChannel[StageItem]) -> None:
+    async def _read_stage(self, stage_id: int, stage: Stage) -> None:
         """Move stage ``stage_id``'s outputs to the handler, a batch at a time.
 
         When the channel ends or reading it fails, the stage is dead: the handler
-        ends the requests that need it.
+        ends the requests that need it, with the stage's ``death_cause`` if it says one.
         """
+        outputs: trio.abc.ReceiveChannel[StageItem] = stage.outputs
         memory = isinstance(outputs, trio.MemoryReceiveChannel)
         while True:
             try:
@@ -312,7 +316,7 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
                 else:
                     batch = [await outputs.receive()]
             except (trio.EndOfChannel, trio.ClosedResourceError):
-                reason = "its outputs channel ended"
+                reason = death_cause(stage)
                 break
             except Exception as exc:
                 logger.exception("stage %d: reading its outputs failed", stage_id)
@@ -322,7 +326,7 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
                 await self._inbox_send.send(OutputsArrived(stage_id, batch))
             except trio.BrokenResourceError:
                 return  # the handler is gone: we are shutting down
-        logger.warning("stage %d is dead: %s", stage_id, reason)
+        logger.warning("stage %d died: %s", stage_id, reason)
         await self._report(StageDied(stage_id, reason))
 
     async def _deliver(

@@ -28,6 +28,8 @@ class ScriptedStageBase:
         self.submissions: list[tuple[str, Any]] = []
         self.aborts: list[str] = []
         self.releases: list[str] = []
+        #: Why the stage is gone, once :meth:`close` was given a cause.
+        self.death_cause: str | None = None
         self._on_submit = on_submit
         self._on_abort = on_abort
 
@@ -39,8 +41,9 @@ class ScriptedStageBase:
     async def _checkpoint(self) -> None:
         raise NotImplementedError
 
-    def close(self) -> None:
-        """End :attr:`outputs`, as a stage whose engine went away would."""
+    def close(self, cause: str | None = None) -> None:
+        """End :attr:`outputs`, as a stage whose engine went away would; ``cause``
+        becomes :attr:`death_cause` (what the orchestrator says it died of)."""
         raise NotImplementedError
 
     # -- the Stage protocol ------------------------------------------------------------

@@ -97,6 +97,8 @@ class _Outbox(Sink, Protocol):
 
     def end_of_stream(self) -> Exception: ...
 
+    def take_ready(self) -> list[OrchOutput]: ...
+
 
 class StreamBase:
     """One request's outputs, in order, ending with its terminal output (``async for``).
@@ -107,6 +109,8 @@ class StreamBase:
     Attributes:
       request_id: The request's id (generated when ``open_request`` was not given one).
       terminal: The request's terminal output once it has been received, else ``None``.
+          Once ``open_request``'s block has exited early, the terminal the abort
+          produced (``"aborted"``, with its metrics), or the one already on its way.
     """
 
     def __init__(self, request_id: str, outbox: _Outbox) -> None:
@@ -129,6 +133,25 @@ class StreamBase:
         if output.finished:
             self.terminal = output
         return output
+
+    # -- a block left early (open_request's cleanup) ------------------------------------
+
+    def _take_ready(self) -> bool:
+        """Skip the outputs that arrived and were not read, up to the terminal; return
+        whether :attr:`terminal` is known now (it may have been among them)."""
+        if self.terminal is None:
+            for output in self._outbox.take_ready():
+                if output.finished:
+                    self.terminal = output
+                    break
+        return self.terminal is not None
+
+    async def _wait_for_terminal(self) -> None:
+        """Skip outputs until the terminal arrives (the caller bounds the wait)."""
+        while self.terminal is None:
+            output = await self._outbox.get()
+            if output.finished:
+                self.terminal = output
 
     async def receive(self) -> OrchOutput:
         """The request's next output.

@@ -25,12 +25,23 @@ class Stage(Protocol):
     terminal -- never while a submitted stage has not reported completion, unless the
     request ended early (after its ``abort``). It is where a stage frees what it still
     holds for the request, such as shared-memory chunks a downstream stage reads.
+
+    Two optional attributes make error messages say more:
+
+    * ``name`` (a ``str``): messages name the stage ``stage 0 (thinker)`` instead of
+      ``stage 0``.
+    * ``death_cause`` (a ``str``, or ``None`` while the stage is alive): why the stage
+      is gone. It is read once :attr:`outputs` has ended, so set it before ending
+      them; every request the death ends gets an ``"error"`` terminal saying
+      ``stage 0 (thinker) died: <death_cause>`` (without one: ``... died: its
+      outputs channel ended``). :class:`~omni_trio.process.ProcessStage` sets it
+      (``exited with status 3``, ``no heartbeat for 10.0 s, killed``).
     """
 
     @property
     def outputs(self) -> trio.abc.ReceiveChannel[StageItem]:
         """Where the stage reports outputs for all of its requests. If it ends, or
-        reading it raises, the stage is dead.
+        reading it raises, the stage is dead (see ``death_cause`` above).
 
         Each item is a :class:`StageOutput`, or a list of them that arrived together
         (one IPC frame, say): handing them over as one item costs one channel

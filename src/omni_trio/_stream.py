@@ -23,6 +23,9 @@ class RequestStream(StreamBase):
       request_id: The request's id (generated when :meth:`~Orchestrator.open_request`
           was not given one).
       terminal: The request's terminal output once it has been received, else ``None``.
+          Once the block was left early, the ``"aborted"`` terminal the abort produced,
+          with its metrics (or the terminal that was already on its way): the block's
+          exit waits for it, up to ``shutdown_grace`` seconds.
     """
 
     def __init__(self, request_id: str) -> None:

@@ -8,6 +8,9 @@ The vocabulary follows vLLM-Omni's stage configs where it fits (``stage_id``,
     name = "omni"
     async_chunk = true          # stages stream through the connector
     connector = "shm"           # shared-memory chunks (async_chunk only)
+    stage_idle_timeout = 30.0   # the watchdog (seconds); absent: off
+    max_in_flight = 8           # admission control; absent: no limit
+    shutdown_grace = 5.0        # seconds to deliver the aborts at shutdown
 
     [[stages]]
     stage_id = 0
@@ -35,7 +38,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import attrs
 import msgspec
@@ -78,11 +81,24 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froz
 
 
 class PipelineSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
-    """The ``[pipeline]`` table."""
+    """The ``[pipeline]`` table.
+
+    ``stage_idle_timeout``, ``max_in_flight`` and ``shutdown_grace`` are
+    :func:`omni_trio.open_orchestrator`'s arguments of those names (see
+    :attr:`PipelineConfig.orchestrator_options`); absent, they take its defaults.
+    """
 
     name: str = "pipeline"
     async_chunk: bool = True
     connector: Literal["shm", "none"] = "shm"
+    stage_idle_timeout: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    """Seconds a submitted stage may send nothing for a request before the request
+    ends with an ``"error"`` terminal naming the stage; ``None``: no watchdog."""
+    max_in_flight: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    """Requests in flight at once (more wait to be admitted); ``None``: no limit."""
+    shutdown_grace: Annotated[float, msgspec.Meta(ge=0)] = 5.0
+    """Seconds the orchestrator's shutdown (and a stream left early) may spend
+    delivering aborts."""
 
 
 class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -131,6 +147,42 @@ class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, f
             return outputs if func is None else func(outputs)
 
         return {"forward_fn": forward_fn}
+
+    @property
+    def orchestrator_options(self) -> dict[str, Any]:
+        """``stage_idle_timeout=``, ``max_in_flight=`` and ``shutdown_grace=`` for
+        :func:`omni_trio.open_orchestrator`, from ``[pipeline]``."""
+        section = self.pipeline
+        return {
+            "stage_idle_timeout": section.stage_idle_timeout,
+            "max_in_flight": section.max_in_flight,
+            "shutdown_grace": section.shutdown_grace,
+        }
+
+    def with_pipeline(self, **changes: Any) -> PipelineConfig:
+        """This config with some ``[pipeline]`` keys replaced (command-line overrides,
+        say), checked as a loaded config is::
+
+            config = config.with_pipeline(stage_idle_timeout=2.0, max_in_flight=4)
+
+        Raises:
+          ConfigError: an unknown key, a wrong type or value out of range, or an
+              inconsistent pipeline; the message starts with the key, e.g.
+              ``pipeline.max_in_flight: Expected `int` >= 1``.
+        """
+        for key in changes:
+            if key not in PipelineSection.__struct_fields__:
+                raise ConfigError(f"pipeline: Object contains unknown field `{key}`")
+        fields = msgspec.structs.asdict(self.pipeline) | changes
+        try:
+            section = msgspec.convert(fields, type=PipelineSection)
+        except msgspec.ValidationError as exc:
+            message, at, where = str(exc).rpartition(" - at `")
+            key = _key(where.rstrip("`")) if at else ""
+            raise ConfigError(f"pipeline.{key}: {message}" if key else f"pipeline: {exc}") from None
+        config = msgspec.structs.replace(self, pipeline=section)
+        _check(config, None)
+        return config
 
     def with_mode(self, async_chunk: bool) -> PipelineConfig:
         """This config in the other mode (the demo runs both)."""
@@ -202,9 +254,9 @@ def load_pipeline(path: str | Path) -> PipelineConfig:
     return parse_pipeline(text, source=str(path))
 
 
-def _check(config: PipelineConfig, source: str) -> None:
+def _check(config: PipelineConfig, source: str | None) -> None:
     def fail(key: str, message: str) -> None:
-        raise ConfigError(f"{source}: {key}: {message}")
+        raise ConfigError(f"{source}: {key}: {message}" if source else f"{key}: {message}")
 
     if not config.stages:
         fail("stages", "a pipeline needs at least one stage")

@@ -35,6 +35,7 @@ class ScriptedStage(ScriptedStageBase):
       aborts: ``request_id`` of every :meth:`abort` call, in call order.
       releases: ``request_id`` of every :meth:`release` call, in call order.
       outputs: The receive side of the stage's output channel.
+      death_cause: The ``cause`` given to :meth:`close`, else ``None``.
     """
 
     def __init__(
@@ -52,8 +53,11 @@ class ScriptedStage(ScriptedStageBase):
     async def _checkpoint(self) -> None:
         await trio.lowlevel.checkpoint()
 
-    def close(self) -> None:
-        """End :attr:`outputs`, as a stage whose engine went away would."""
+    def close(self, cause: str | None = None) -> None:
+        """End :attr:`outputs`, as a stage whose engine went away would; ``cause``
+        becomes :attr:`death_cause`, which the orchestrator reports (``stage 0 died:
+        <cause>``)."""
+        self.death_cause = cause
         self._send.close()
 
 

@@ -28,7 +28,7 @@ from typing import Any, Protocol, TypeVar
 
 from .._checks import check_request_id, check_stage_methods
 from .._core import ForwardFn, OrchestratorCore, PrewarmFn, StageCommand
-from .._dispatch import INBOX_SIZE, MAX_BATCH
+from .._dispatch import INBOX_SIZE, MAX_BATCH, death_cause
 from .._driver import OrchestratorBase, prepare
 from .._errors import unwrap_single_exception
 from .._inbox import (
@@ -221,18 +221,27 @@ class AsyncioOrchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         request_id: str | None = None,
         final_stage_ids: Iterable[int] | None = None,
     ) -> AsyncIterator[AsyncioRequestStream]:
-        """Admit a request and read its outputs from the block; leaving early aborts it."""
+        """Admit a request and read its outputs from the block; leaving early aborts it
+        and waits (up to ``shutdown_grace``) for its terminal, kept in ``terminal``."""
         rid = check_request_id(uuid.uuid4().hex if request_id is None else request_id)
         stream = AsyncioRequestStream(rid)
         await self._admit(rid, prompt, final_stage_ids, stream)
         try:
             yield stream
         finally:
-            if stream.terminal is None and not self._closed:
-                # asyncio cancellation is edge-triggered: this await runs even when the
-                # block is left because the task was cancelled. It can only block while
-                # the inbox is full, which the handler empties promptly.
-                await self._send(AbortRequest(rid))
+            if not stream._take_ready():  # left early
+                # asyncio cancellation is edge-triggered: these awaits run even when
+                # the block is left because the task was cancelled (a second
+                # cancellation would interrupt them). The send can only block while
+                # the inbox is full, which the handler empties promptly; the terminal
+                # follows the abort (or the shutdown's, once closed).
+                try:
+                    async with timeout(self._shutdown_grace):
+                        if not self._closed:
+                            await self._send(AbortRequest(rid))
+                        await stream._wait_for_terminal()
+                except _TIMEOUTS:
+                    pass  # as the Trio orchestrator: terminal stays None
 
     async def next_output(self) -> OrchOutput:
         """The next output of a request admitted with :meth:`add_request`.
@@ -290,7 +299,7 @@ class AsyncioOrchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
 
     def _start(self, group: TaskGroup) -> None:
         for sid, stage in enumerate(self._stages):
-            self._background.append(group.create_task(self._read_stage(sid, stage.outputs)))
+            self._background.append(group.create_task(self._read_stage(sid, stage)))
             self._deliveries.append(group.create_task(self._deliver(sid, stage)))
         self._background.append(group.create_task(self._handle()))
 
@@ -325,8 +334,9 @@ class AsyncioOrchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
                 break
         self._settle(leftovers)
 
-    async def _read_stage(self, stage_id: int, outputs: Any) -> None:
-        reason = "its outputs channel ended"
+    async def _read_stage(self, stage_id: int, stage: AsyncioStage) -> None:
+        outputs: Any = stage.outputs
+        reason: str | None = None
         try:
             if isinstance(outputs, asyncio.Queue):
                 while True:
@@ -344,7 +354,9 @@ class AsyncioOrchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
             if type(exc).__name__ != "QueueShutDown":  # 3.13's Queue.shutdown(): an end
                 logger.exception("stage %d: reading its outputs failed", stage_id)
                 reason = f"reading its outputs raised {describe(exc)}"
-        logger.warning("stage %d is dead: %s", stage_id, reason)
+        if reason is None:  # it ended: the stage may say why
+            reason = death_cause(stage)
+        logger.warning("stage %d died: %s", stage_id, reason)
         await self._send(StageDied(stage_id, reason))
 
     async def _deliver(self, stage_id: int, stage: AsyncioStage) -> None:

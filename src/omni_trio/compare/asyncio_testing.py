@@ -48,8 +48,10 @@ class AsyncioScriptedStage(ScriptedStageBase):
     async def _checkpoint(self) -> None:
         await asyncio.sleep(0)
 
-    def close(self) -> None:
-        """End :attr:`outputs`, as a stage whose engine went away would."""
+    def close(self, cause: str | None = None) -> None:
+        """End :attr:`outputs`, as a stage whose engine went away would (with
+        ``cause`` as its :attr:`death_cause`)."""
+        self.death_cause = cause
         self.outputs.put_nowait(END_OF_OUTPUTS)
 
 

@@ -25,6 +25,9 @@ from ._options import WorkerOptions
 
 __all__ = ["WorkerConnection", "WorkerStartError"]
 
+# Why a worker is gone: each reads after "<stage> died: " in a terminal's error
+# ("stage 0 (thinker) died: exited with status 3"), and after "its worker died: ".
+
 #: Why a worker is gone when its control connection closed before we knew more.
 CLOSED = "its control connection closed"
 
@@ -35,13 +38,14 @@ class WorkerStartError(RuntimeError):
 
 
 def exit_reason(code: int) -> str:
-    """A worker's exit status, said as the reason it is gone."""
+    """A worker's exit status, said as the reason it is gone: ``exited with status 3``,
+    ``killed by SIGKILL``."""
     if code < 0:
         try:
-            return f"it was killed by {signal.Signals(-code).name}"
+            return f"killed by {signal.Signals(-code).name}"
         except ValueError:  # pragma: no cover
-            return f"it was killed by signal {-code}"
-    return f"it exited with status {code}"
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
 
 
 @final
@@ -248,7 +252,8 @@ class WorkerConnection:
             await trio.sleep(options.heartbeat_interval)
             silent = trio.current_time() - self.last_heard
             if silent > options.heartbeat_timeout and not self._delivering:
-                self._gone(f"it answered no heartbeat for {silent:.1f} s")
+                # run() kills it once this task group is done
+                self._gone(f"no heartbeat for {options.heartbeat_timeout:.1f} s, killed")
                 return
             seq += 1
             self._writer.send_nowait(wire.encode(wire.Ping(seq)))

@@ -48,8 +48,9 @@ class ProcessPipeline:
 
     @property
     def orchestrator_kwargs(self) -> dict[str, Any]:
-        """``prewarm_fn=`` or ``forward_fn=``, from the config."""
-        return self.config.orchestrator_functions()
+        """``prewarm_fn=`` or ``forward_fn=``, and ``stage_idle_timeout=``,
+        ``max_in_flight=`` and ``shutdown_grace=``, from the config."""
+        return {**self.config.orchestrator_functions(), **self.config.orchestrator_options}
 
 
 @asynccontextmanager

@@ -77,6 +77,10 @@ class ProcessStage(metaclass=NoPublicConstructor):
       name: For messages.
       options: How its workers are run.
       outputs: The stage's outputs, for the orchestrator.
+      death_cause: ``None`` while the stage has, or will have, a worker; once its
+          outputs end, why (:class:`~omni_trio.Stage`'s optional attribute): its
+          worker's end (``exited with status 3``, ``killed by SIGKILL``, ``no
+          heartbeat for 10.0 s, killed``) or ``the stage is closed``.
     """
 
     def __init__(
@@ -102,6 +106,7 @@ class ProcessStage(metaclass=NoPublicConstructor):
         self._worker: WorkerConnection | None = None
         self._next_worker = trio.Event()  # set when a period without a worker ends
         self._gone: str | None = None  # why there will be no worker any more
+        self.death_cause: str | None = None
         self._releases_for_next: list[str] = []  # released while there was no worker
         self._started = 0
         self._restarts = 0
@@ -201,6 +206,8 @@ class ProcessStage(metaclass=NoPublicConstructor):
         finally:
             if self._gone is None:
                 self._gone = "the stage is closed"
+            if self.death_cause is None:
+                self.death_cause = "the stage is closed"
             if self._connector is not None:
                 self._connector.close(self.stage_id)
             self._next_worker.set()
@@ -231,7 +238,7 @@ class ProcessStage(metaclass=NoPublicConstructor):
                 if self._started == 1:
                     raise  # the stage never started: open_process_stage raises it
                 failed_starts += 1
-                reason = str(exc)
+                reason = str(exc).removeprefix(f"{self.label}: ")
                 lost: set[str] = set()
             else:
                 if self._started == 1:
@@ -244,9 +251,11 @@ class ProcessStage(metaclass=NoPublicConstructor):
             )
             if not self.options.restart or failed_starts >= MAX_FAILED_STARTS:
                 self._gone = f"its worker died ({reason})"
+                self.death_cause = reason  # "stage 0 (thinker) died: exited with status 3"
                 return  # outputs end: the orchestrator marks the stage dead
             if lost:
-                message = f"its worker died ({reason}) and was restarted"
+                # "stage 0 (thinker) failed: its worker died: exited with status 3 (restarted)"
+                message = f"its worker died: {reason} (restarted)"
                 await self._outputs_send.send(
                     [StageOutput(request_id, error=message) for request_id in sorted(lost)]
                 )
