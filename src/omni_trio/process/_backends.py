@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import sys
 from typing import Protocol
@@ -32,6 +31,7 @@ import trio
 
 from .._util import describe, final
 from . import worker as _worker
+from ._connection import exit_reason
 from ._engine import EngineFactory
 
 __all__ = [
@@ -40,20 +40,9 @@ __all__ = [
     "TaskLauncher",
     "WorkerHandle",
     "WorkerLauncher",
-    "exit_reason",
 ]
 
 logger = logging.getLogger("omni_trio.process")
-
-
-def exit_reason(code: int) -> str:
-    """A worker's exit status, said as the reason it is gone."""
-    if code < 0:
-        try:
-            return f"it was killed by {signal.Signals(-code).name}"
-        except ValueError:  # pragma: no cover
-            return f"it was killed by signal {-code}"
-    return f"it exited with status {code}"
 
 
 class WorkerHandle(Protocol):

@@ -12,15 +12,19 @@ business (:class:`omni_trio.process.ProcessStage`).
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
+from typing import TYPE_CHECKING
 
 import trio
 
 from .._messages import StageItem, StageOutput
 from .._util import describe, final
 from . import _wire as wire
-from ._backends import LaunchedWorker, WorkerLauncher
 from ._options import WorkerOptions
+
+if TYPE_CHECKING:  # the launchers use this module's exit_reason
+    from ._backends import LaunchedWorker, WorkerLauncher
 
 __all__ = ["WorkerConnection", "WorkerStartError"]
 
@@ -31,6 +35,16 @@ CLOSED = "its control connection closed"
 class WorkerStartError(RuntimeError):
     """A stage's worker (process or task) could not be started (its engine failed to
     load, it exited, or it did not answer in time)."""
+
+
+def exit_reason(code: int) -> str:
+    """A worker's exit status, said as the reason it is gone."""
+    if code < 0:
+        try:
+            return f"it was killed by {signal.Signals(-code).name}"
+        except ValueError:  # pragma: no cover
+            return f"it was killed by signal {-code}"
+    return f"it exited with status {code}"
 
 
 @final

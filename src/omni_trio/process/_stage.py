@@ -53,12 +53,14 @@ class ProcessStageStatistics:
     """A snapshot of a :class:`ProcessStage`, from :meth:`ProcessStage.statistics`.
 
     Attributes:
-      pid: The current worker's process id; ``None`` while there is none.
+      pid: The current worker's process id; ``None`` while there is none, and
+          always for an in-process stage.
       workers_started: Workers spawned so far (the current one included).
       restarts: How many times a dead worker was replaced.
       deaths: How many workers died (or could not be started after a death).
       seconds_since_heard: Since the current worker last sent anything (an output or
-          an answer to a heartbeat); ``None`` while there is no worker.
+          an answer to a heartbeat -- an in-process worker is not pinged); ``None``
+          while there is no worker.
       in_flight: Requests the current worker holds and has not finished.
     """
 

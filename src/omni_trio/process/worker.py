@@ -1,7 +1,9 @@
 """A stage worker: one process running one stage's engine under Trio.
 
 Started by :func:`omni_trio.process.open_process_stage` as
-``python -m omni_trio.process.worker --control-fd N [--connector-fd M]``. The control
+``python -m omni_trio.process.worker --control-fd N [--connector-fd M]``; an
+in-process stage (:func:`omni_trio.process.open_inprocess_stage`) runs its ``_serve``
+in a task instead, over socket pairs, the same in every other way. The control
 connection carries frames from the orchestrator (``Init`` first, then ``Submit``,
 ``Abort``, ``Release``, ``Ping``, ``Shutdown``) and back (``Ready``/``Fatal``,
 ``Output``, ``Failed``, ``Pong``). The connector connection, in async_chunk mode,
