@@ -184,6 +184,23 @@ async def test_a_killed_inprocess_worker_is_restarted():
         assert stage.statistics().restarts == 1
 
 
+@pytest.mark.parametrize("steps", range(24))
+@bounded
+async def test_leaving_at_any_step_of_a_restart_leaves_no_task(steps):
+    """The stage is closed ``steps`` scheduling steps after its worker was killed:
+    while it notices, restarts, launches or greets the next worker."""
+    before = live_tasks()
+    options = WorkerOptions(restart=True, shutdown_grace=5.0)
+    start = None
+    async with open_inprocess_stage("process_engines:stream", options=options) as stage:
+        stage.kill()
+        for _ in range(steps):
+            await trio.lowlevel.checkpoint()
+        start = trio.current_time()
+    assert trio.current_time() - start < 1.0
+    assert live_tasks() == before
+
+
 # -- pipelines ------------------------------------------------------------------------------
 
 

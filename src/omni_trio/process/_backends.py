@@ -208,11 +208,13 @@ class TaskLauncher:
         self._factory = factory
 
     async def launch(self, nursery: trio.Nursery, *, with_connector: bool) -> LaunchedWorker:
+        # A cancel point first, never after the task is started: a cancel there would
+        # lose the worker, and its task would wait for an Init forever.
+        await trio.lowlevel.checkpoint()
         pairs = _socketpairs(with_connector)
         handle = _TaskHandle()
         connector, connector_child = pairs[1] if with_connector else (None, None)
         nursery.start_soon(
             handle.run, pairs[0][1], connector_child, self._factory, name="in-process worker"
         )
-        await trio.lowlevel.checkpoint()
         return LaunchedWorker(handle, pairs[0][0], connector, heartbeat=False)
