@@ -221,6 +221,7 @@ def test_the_documented_import_paths_stay():
         EngineRequest,
         ProcessStage,
         WorkerStartError,
+        open_inprocess_stage,
         open_process_pipeline,
         open_process_stage,
     )

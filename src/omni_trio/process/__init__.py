@@ -1,7 +1,8 @@
 """Stages in worker processes, and the shared-memory connector between them.
 
 :func:`open_process_stage` runs a stage's engine (see :data:`Engine`) in its own
-process and hands back a :class:`~omni_trio.Stage`; :func:`open_shm_connector` relays
+process and hands back a :class:`~omni_trio.Stage`; :func:`open_inprocess_stage` runs
+the same engine in a task of the current process; :func:`open_shm_connector` relays
 the chunks stages stream to each other in async_chunk mode;
 :func:`open_process_pipeline` starts a whole pipeline from a config.
 """
@@ -27,6 +28,7 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from ._stage import ProcessStage as ProcessStage
     from ._stage import ProcessStageStatistics as ProcessStageStatistics
     from ._stage import WorkerUnavailableError as WorkerUnavailableError
+    from ._stage import open_inprocess_stage as open_inprocess_stage
     from ._stage import open_process_stage as open_process_stage
     from ._wire import MAX_FRAME as MAX_FRAME
     from ._wire import ProtocolError as ProtocolError
@@ -48,6 +50,7 @@ _EXPORTS = {
         "ProcessStage",
         "ProcessStageStatistics",
         "WorkerUnavailableError",
+        "open_inprocess_stage",
         "open_process_stage",
     ],
     "._wire": ["MAX_FRAME", "ProtocolError"],

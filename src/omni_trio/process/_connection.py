@@ -1,8 +1,9 @@
-"""One worker process and the control connection to it.
+"""One worker and the control connection to it.
 
-A :class:`WorkerConnection` starts its process (:meth:`~WorkerConnection.start`: spawn,
-``Init``, ``Ready``), serves it until it is gone (:meth:`~WorkerConnection.run`: the
-write, read, heartbeat and exit-status tasks) and stops it (:meth:`~WorkerConnection.aclose`:
+A :class:`WorkerConnection` starts its worker (:meth:`~WorkerConnection.start`: launch
+a process or a task -- see :mod:`omni_trio.process._backends` --, ``Init``,
+``Ready``), serves it until it is gone (:meth:`~WorkerConnection.run`: the write,
+read, heartbeat and exit-status tasks) and stops it (:meth:`~WorkerConnection.aclose`:
 ``Shutdown``, a grace period, then a kill). It knows which requests it holds; what
 happens after it is gone -- a restart, failing those requests -- is its stage's
 business (:class:`omni_trio.process.ProcessStage`).
@@ -11,10 +12,9 @@ business (:class:`omni_trio.process.ProcessStage`).
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import socket
-import sys
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -22,6 +22,9 @@ from .._messages import StageItem, StageOutput
 from .._util import describe, final
 from . import _wire as wire
 from ._options import WorkerOptions
+
+if TYPE_CHECKING:  # the launchers use this module's exit_reason
+    from ._backends import LaunchedWorker, WorkerLauncher
 
 __all__ = ["WorkerConnection", "WorkerStartError"]
 
@@ -33,8 +36,8 @@ CLOSED = "its control connection closed"
 
 
 class WorkerStartError(RuntimeError):
-    """A stage's worker process could not be started (its engine failed to load,
-    it exited, or it did not answer in time)."""
+    """A stage's worker (process or task) could not be started (its engine failed to
+    load, it exited, or it did not answer in time)."""
 
 
 def exit_reason(code: int) -> str:
@@ -50,10 +53,10 @@ def exit_reason(code: int) -> str:
 
 @final
 class WorkerConnection:
-    """One worker process: its control connection, its tasks, its requests.
+    """One worker: its control connection, its tasks, its requests.
 
     Attributes:
-      process: The worker process.
+      handle: The worker (a process, a task), to kill it and wait for its end.
       generation: Which of its stage's workers this is (1, 2, ... as it restarts).
       in_flight: Requests submitted to it that it has not finished or failed.
       unreleased: Requests submitted to it that its stage has not released: their
@@ -64,23 +67,22 @@ class WorkerConnection:
 
     def __init__(
         self,
-        process: trio.Process,
-        control: socket.socket,
-        connector_socket: socket.socket | None,
+        launched: LaunchedWorker,
         *,
         label: str,
         generation: int,
         options: WorkerOptions,
     ) -> None:
-        self.process = process
+        self.handle = launched.handle
         self.generation = generation
-        self.connector_socket = connector_socket
+        self.connector_socket = launched.connector
         self.in_flight: set[str] = set()
         self.unreleased: set[str] = set()
         self.last_heard = trio.current_time()
         self._label = label
         self._options = options
-        self._stream = trio.SocketStream(trio.socket.from_stdlib_socket(control))
+        self._heartbeats = launched.heartbeat
+        self._stream = trio.SocketStream(trio.socket.from_stdlib_socket(launched.control))
         self._reader = wire.FrameReader(self._stream, wire.DECODE_FROM_WORKER)
         self._writer = wire.FrameWriter(self._stream)
         self._scope: trio.CancelScope | None = None  # run()'s tasks
@@ -88,11 +90,12 @@ class WorkerConnection:
         self._delivering = False  # the reader waits for the stage's outputs channel
 
     @property
-    def pid(self) -> int:
-        return self.process.pid
+    def pid(self) -> int | None:
+        """Its process id (``None`` for a worker that is not a process of its own)."""
+        return self.handle.pid
 
     def __repr__(self) -> str:
-        return f"<WorkerConnection {self._label} #{self.generation} pid={self.process.pid}>"
+        return f"<WorkerConnection {self._label} #{self.generation} pid={self.pid}>"
 
     # -- starting -----------------------------------------------------------------------
 
@@ -103,40 +106,18 @@ class WorkerConnection:
         options: WorkerOptions,
         *,
         label: str,
+        launcher: WorkerLauncher,
+        nursery: trio.Nursery,
         with_connector: bool,
     ) -> WorkerConnection:
-        """Spawn ``python -m omni_trio.process.worker`` and wait for it to be ready.
+        """Launch a worker (see :class:`WorkerLauncher`) and wait for it to be ready.
 
         Raises:
           WorkerStartError: its engine could not be loaded, it exited, or it did not
-              answer within ``options.startup_timeout``. The process is gone then.
+              answer within ``options.startup_timeout``. The worker is gone then.
         """
-        control, control_child = socket.socketpair()
-        connector = connector_child = None
-        if with_connector:
-            connector, connector_child = socket.socketpair()
-        children = [s for s in (control_child, connector_child) if s is not None]
-        command = [sys.executable, "-m", "omni_trio.process.worker"]
-        command += ["--control-fd", str(control_child.fileno())]
-        if connector_child is not None:
-            command += ["--connector-fd", str(connector_child.fileno())]
-        env = dict(os.environ)  # the worker imports what this process can
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        try:
-            process = await trio.lowlevel.open_process(
-                command, pass_fds=[s.fileno() for s in children], env=env
-            )
-        except BaseException:
-            for sock in (control, connector):
-                if sock is not None:
-                    sock.close()
-            raise
-        finally:
-            for child in children:
-                child.close()
-        worker = cls(
-            process, control, connector, label=label, generation=init.generation, options=options
-        )
+        launched = await launcher.launch(nursery, with_connector=with_connector)
+        worker = cls(launched, label=label, generation=init.generation, options=options)
         try:
             await worker._handshake(init)
         except BaseException:
@@ -191,14 +172,14 @@ class WorkerConnection:
             self._scope = nursery.cancel_scope
             nursery.start_soon(self._write)
             nursery.start_soon(self._read, outputs)
-            nursery.start_soon(self._heartbeat)
+            if self._heartbeats:
+                nursery.start_soon(self._heartbeat)
             nursery.start_soon(self._wait)
         reason = self._gone_because or "unknown"
-        if self.process.returncode is None:
-            self.process.kill()
+        self.handle.kill()
         if reason == CLOSED:  # the exit status says more, if it comes promptly
             with trio.move_on_after(1.0):
-                reason = exit_reason(await self.process.wait())
+                reason = await self.handle.wait()
         return reason
 
     def _gone(self, why: str) -> None:
@@ -259,33 +240,30 @@ class WorkerConnection:
             self._writer.send_nowait(wire.encode(wire.Ping(seq)))
 
     async def _wait(self) -> None:
-        self._gone(exit_reason(await self.process.wait()))
+        self._gone(await self.handle.wait())
 
     # -- stopping -----------------------------------------------------------------------
 
     def kill(self) -> None:
-        """SIGKILL the process, as a crash would."""
-        if self.process.returncode is None:
-            self.process.kill()
+        """Kill the worker (SIGKILL a process, cancel a task), as a crash would."""
+        self.handle.kill()
 
     async def aclose(self, grace: float | None = None) -> None:
         """Stop the worker: ``Shutdown``, up to ``grace`` seconds (default: the
         options' ``shutdown_grace``) to exit, then a kill. Shielded from cancellation,
-        and bounded: it takes at most ``grace`` plus the time to kill a process."""
+        and bounded: it takes at most ``grace`` plus the time to kill a worker."""
         if grace is None:
             grace = self._options.shutdown_grace
-        process = self.process
+        handle = self.handle
         with trio.CancelScope(shield=True):
-            if process.returncode is None:
-                with trio.move_on_after(grace):
-                    with contextlib.suppress(
-                        trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError
-                    ):
-                        await self._stream.send_all(wire.encode(wire.Shutdown()))
-                    await process.wait()
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
+            with trio.move_on_after(grace):
+                with contextlib.suppress(
+                    trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError
+                ):
+                    await self._stream.send_all(wire.encode(wire.Shutdown()))
+                await handle.wait()
+            handle.kill()  # a no-op if it has ended
+            await handle.wait()
             await self._stream.aclose()
         if self.connector_socket is not None:
             self.connector_socket.close()

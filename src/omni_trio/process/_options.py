@@ -7,19 +7,33 @@ import attrs
 from .._checks import seconds
 from .._util import final
 
-__all__ = ["WorkerOptions"]
+__all__ = ["BACKENDS", "WorkerOptions"]
+
+#: Where a stage's worker can run (``WorkerOptions.backend``).
+BACKENDS = ("process", "inprocess")
+
+
+def _backend(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
+    if value not in BACKENDS:
+        choices = " or ".join(repr(b) for b in BACKENDS)
+        raise ValueError(f"{attribute.name} must be {choices}, got {value!r}")
 
 
 @final
 @attrs.frozen(kw_only=True)
 class WorkerOptions:
-    """How a stage's worker process is run and supervised.
+    """How a stage's worker is run and supervised.
 
     The same object is a pipeline config's ``[stages.runtime]`` table and the
-    ``options=`` of :func:`open_process_stage`. Every field has a default; a value out
-    of range raises ``ValueError`` naming the field.
+    ``options=`` of :func:`open_process_stage` and :func:`open_inprocess_stage`. Every
+    field has a default; a value out of range raises ``ValueError`` naming the field.
 
     Attributes:
+      backend: Where the worker runs: ``"process"``, a worker process of its own, or
+          ``"inprocess"``, a task of the orchestrator's own Trio run (see
+          :func:`open_inprocess_stage`). Read by :func:`open_process_pipeline`;
+          :func:`open_process_stage` and :func:`open_inprocess_stage` set it to their
+          own. An in-process worker is not pinged (``heartbeat_*`` do nothing).
       restart: Restart a dead worker: its in-flight requests fail, and later ones (and
           those submitted while it restarts) run on the new worker. Without it, the
           stage's ``outputs`` end, and the orchestrator marks the stage dead.
@@ -33,6 +47,9 @@ class WorkerOptions:
           control path, for tests and demonstrations).
     """
 
+    # A str, not a Literal: msgspec resolves these annotations in the public
+    # namespace (omni_trio.process), where no typing names are.
+    backend: str = attrs.field(default="process", validator=_backend)
     restart: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     heartbeat_interval: float = attrs.field(default=1.0, validator=seconds(positive=True))
     heartbeat_timeout: float = attrs.field(default=10.0, validator=seconds(positive=True))

@@ -1,4 +1,4 @@
-"""A whole pipeline of process stages, from a config."""
+"""A whole pipeline of stages, each in a worker process or in-process, from a config."""
 
 from __future__ import annotations
 
@@ -11,18 +11,21 @@ import attrs
 from .._util import final
 from . import _shm
 from ._connector import ShmConnector, open_shm_connector
-from ._stage import ProcessStage, open_process_stage
+from ._stage import ProcessStage, open_inprocess_stage, open_process_stage
 
 if TYPE_CHECKING:  # the config module depends on this wing, not the other way round
     from ..config import PipelineConfig
 
 __all__ = ["ProcessPipeline", "open_process_pipeline"]
 
+#: How a stage is opened, by its ``[stages.runtime] backend``.
+_OPENERS = {"process": open_process_stage, "inprocess": open_inprocess_stage}
+
 
 @final
 @attrs.frozen
 class ProcessPipeline:
-    """Running process stages, ready for :func:`omni_trio.open_orchestrator`::
+    """Running stages, ready for :func:`omni_trio.open_orchestrator`::
 
         async with open_process_pipeline(config) as pipeline:
             async with open_orchestrator(
@@ -32,7 +35,8 @@ class ProcessPipeline:
 
     Attributes:
       config: What it was started from.
-      stages: One :class:`ProcessStage` per configured stage.
+      stages: One :class:`ProcessStage` per configured stage (in a worker process,
+          or in-process, as its ``runtime.backend`` says).
       prefix: The shared-memory name prefix of every segment of this pipeline.
       connector: The chunk relay (async_chunk mode with the shm connector), or ``None``.
     """
@@ -55,7 +59,9 @@ class ProcessPipeline:
 
 @asynccontextmanager
 async def open_process_pipeline(config: PipelineConfig) -> AsyncIterator[ProcessPipeline]:
-    """Start a worker process per stage of ``config`` (and the connector relay).
+    """Start a worker per stage of ``config`` (and the connector relay): a worker
+    process (:func:`open_process_stage`), or a task of this process for a stage whose
+    ``[stages.runtime] backend`` is ``"inprocess"`` (:func:`open_inprocess_stage`).
 
     Leaving the block stops the workers and sweeps every shared-memory segment the
     pipeline's prefix names, whatever a dead worker left behind.
@@ -73,7 +79,7 @@ async def open_process_pipeline(config: PipelineConfig) -> AsyncIterator[Process
             stages = []
             for stage in config.stages:
                 process_stage = await stack.enter_async_context(
-                    open_process_stage(
+                    _OPENERS[stage.runtime.backend](
                         stage.engine,
                         stage_id=stage.stage_id,
                         name=stage.label,

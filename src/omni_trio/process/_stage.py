@@ -13,24 +13,27 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import trio
 
 from .._errors import unwrap_single_exception
 from .._messages import StageItem, StageOutput
-from .._util import NoPublicConstructor, final
+from .._util import NoPublicConstructor, final, import_object
 from . import _shm
 from . import _wire as wire
+from ._backends import ProcessLauncher, TaskLauncher, WorkerLauncher
 from ._connection import WorkerConnection, WorkerStartError
 from ._connector import ShmConnector
+from ._engine import EngineFactory
 from ._options import WorkerOptions
 
 __all__ = [
     "ProcessStage",
     "ProcessStageStatistics",
     "WorkerUnavailableError",
+    "open_inprocess_stage",
     "open_process_stage",
 ]
 
@@ -50,12 +53,14 @@ class ProcessStageStatistics:
     """A snapshot of a :class:`ProcessStage`, from :meth:`ProcessStage.statistics`.
 
     Attributes:
-      pid: The current worker's process id; ``None`` while there is none.
+      pid: The current worker's process id; ``None`` while there is none, and
+          always for an in-process stage.
       workers_started: Workers spawned so far (the current one included).
       restarts: How many times a dead worker was replaced.
       deaths: How many workers died (or could not be started after a death).
       seconds_since_heard: Since the current worker last sent anything (an output or
-          an answer to a heartbeat); ``None`` while there is no worker.
+          an answer to a heartbeat -- an in-process worker is not pinged); ``None``
+          while there is no worker.
       in_flight: Requests the current worker holds and has not finished.
     """
 
@@ -69,13 +74,14 @@ class ProcessStageStatistics:
 
 @final
 class ProcessStage(metaclass=NoPublicConstructor):
-    """A :class:`~omni_trio.Stage` backed by a worker process; get one from
-    :func:`open_process_stage` (or :func:`open_process_pipeline`).
+    """A :class:`~omni_trio.Stage` backed by a worker -- a process of its own, or a
+    task of this Trio run --; get one from :func:`open_process_stage`,
+    :func:`open_inprocess_stage` (or :func:`open_process_pipeline`).
 
     Attributes:
       stage_id: The stage's index in its pipeline.
       name: For messages.
-      options: How its workers are run.
+      options: How its workers are run (``options.backend`` says where).
       outputs: The stage's outputs, for the orchestrator.
       death_cause: ``None`` while the stage has, or will have, a worker; once its
           outputs end, why (:class:`~omni_trio.Stage`'s optional attribute): its
@@ -93,6 +99,7 @@ class ProcessStage(metaclass=NoPublicConstructor):
         prefix: str,
         connector: ShmConnector | None,
         options: WorkerOptions,
+        launcher: WorkerLauncher,
     ) -> None:
         self.stage_id = stage_id
         self.name = name
@@ -101,6 +108,8 @@ class ProcessStage(metaclass=NoPublicConstructor):
         self._engine_args = dict(engine_args)
         self._prefix = prefix
         self._connector = connector
+        self._launcher = launcher
+        self._nursery: trio.Nursery | None = None  # where its workers' tasks run
         self._outputs_send, self.outputs = trio.open_memory_channel[StageItem](64)
         self._scope = trio.CancelScope()  # the supervisor's: cancelled to close the stage
         self._worker: WorkerConnection | None = None
@@ -113,7 +122,8 @@ class ProcessStage(metaclass=NoPublicConstructor):
         self._deaths = 0
 
     def __repr__(self) -> str:
-        return f"<ProcessStage {self.stage_id} {self.name!r} pid={self.pid}>"
+        where = f"pid={self.pid}" if self.options.backend == "process" else self.options.backend
+        return f"<ProcessStage {self.stage_id} {self.name!r} {where}>"
 
     @property
     def label(self) -> str:
@@ -122,7 +132,8 @@ class ProcessStage(metaclass=NoPublicConstructor):
 
     @property
     def pid(self) -> int | None:
-        """The current worker's process id (``None`` while there is none)."""
+        """The current worker's process id (``None`` while there is none, and always
+        for an in-process stage)."""
         return None if self._worker is None else self._worker.pid
 
     @property
@@ -177,7 +188,8 @@ class ProcessStage(metaclass=NoPublicConstructor):
         await trio.lowlevel.checkpoint()
 
     def kill(self) -> None:
-        """Kill the worker (SIGKILL), as a crash would; for tests and operators."""
+        """Kill the worker (SIGKILL; in-process, cancel its task), as a crash would;
+        for tests and operators."""
         if self._worker is not None:
             self._worker.kill()
 
@@ -227,11 +239,14 @@ class ProcessStage(metaclass=NoPublicConstructor):
                 self._started,
                 self.options.completion_delay,
             )
+            assert self._nursery is not None
             try:
                 worker = await WorkerConnection.start(
                     init,
                     self.options,
                     label=self.label,
+                    launcher=self._launcher,
+                    nursery=self._nursery,
                     with_connector=self._connector is not None,
                 )
             except WorkerStartError as exc:
@@ -286,7 +301,9 @@ class ProcessStage(metaclass=NoPublicConstructor):
             await worker.aclose()  # shielded, and bounded by shutdown_grace
             swept = _shm.sweep(f"{self.segment_prefix}{worker.generation}-")
             if swept:
-                logger.info("%s: swept %d segments of worker %d", self.label, swept, worker.pid)
+                logger.info(
+                    "%s: swept %d segments of worker #%d", self.label, swept, worker.generation
+                )
         if connector is not None and worker.unreleased:
             # It died: downstream readers of its chunks must not wait for chunks (or
             # ends of streams) that went with it.
@@ -297,9 +314,39 @@ class ProcessStage(metaclass=NoPublicConstructor):
         self._scope.cancel()
 
 
+def _factory_path(engine: str | EngineFactory) -> str:
+    """An engine given as a factory object, said as its import path."""
+    if isinstance(engine, str):
+        return engine
+    if not callable(engine):
+        raise TypeError(f"engine must be an import path or a factory, got {engine!r}")
+    module = getattr(engine, "__module__", None)
+    qualname = getattr(engine, "__qualname__", None)
+    return f"{module}:{qualname}" if module and qualname else repr(engine)
+
+
+def _importable_path(engine: str | EngineFactory) -> str:
+    """A worker process imports its engine's factory: a factory object must be found
+    at its import path."""
+    path = _factory_path(engine)
+    if isinstance(engine, str):
+        return path
+    try:
+        found = import_object(path)
+    except Exception:
+        found = None
+    if found is not engine:
+        raise TypeError(
+            f"a worker process imports its engine's factory, and {engine!r} cannot be "
+            f"imported as {path!r}: define it at a module's top level, or run it with "
+            "open_inprocess_stage"
+        )
+    return path
+
+
 @asynccontextmanager
 async def open_process_stage(
-    engine: str,
+    engine: str | EngineFactory,
     *,
     stage_id: int = 0,
     name: str | None = None,
@@ -317,23 +364,113 @@ async def open_process_stage(
     Args:
       engine: Import path of the engine factory, ``"package.module:name"``; called in
           the worker with ``engine_args`` as keyword arguments (see
-          :data:`~omni_trio.process.Engine`).
+          :data:`~omni_trio.process.Engine`). A factory object is accepted if it can
+          be imported back from its module and name.
       stage_id: The stage's index in the pipeline (names its segments and messages).
       name: For messages (default: ``stage<stage_id>``).
+      engine_args: The factory's keyword arguments (they travel as msgpack).
       prefix: The pipeline's shared-memory name prefix (default: the connector's, or
           a fresh one).
       connector: The pipeline's :class:`ShmConnector`, for async_chunk mode.
       options: How the worker is run: restarts, heartbeats, timeouts (see
-          :class:`WorkerOptions`; default: ``WorkerOptions()``).
+          :class:`WorkerOptions`; default: ``WorkerOptions()``). Its ``backend`` is
+          set to ``"process"``.
 
     Raises:
       WorkerStartError: the worker could not be started; the message says why (an
           import error in the factory, a crash, a timeout).
     """
+    async with _open_stage(
+        _importable_path(engine),
+        ProcessLauncher(),
+        "process",
+        stage_id=stage_id,
+        name=name,
+        engine_args=engine_args,
+        prefix=prefix,
+        connector=connector,
+        options=options,
+    ) as stage:
+        yield stage
+
+
+@asynccontextmanager
+async def open_inprocess_stage(
+    engine: str | EngineFactory,
+    *,
+    stage_id: int = 0,
+    name: str | None = None,
+    engine_args: Mapping[str, Any] | None = None,
+    prefix: str | None = None,
+    connector: ShmConnector | None = None,
+    options: WorkerOptions | None = None,
+) -> AsyncIterator[ProcessStage]:
+    """Run ``engine`` in a task of this Trio run and use it as a stage in the block.
+
+    The same engine, the same arguments and the same stage as
+    :func:`open_process_stage`, without the process: the worker's own code serves the
+    stage in a task, over socket pairs instead of a process's inherited connections,
+    so everything behaves as it does in a process -- inputs, outputs and
+    ``engine_args`` travel as msgpack, chunks through shared memory and the
+    connector, aborts, releases and restarts alike. An in-process stage and process
+    stages mix in one pipeline.
+
+    Leaving the block stops the worker (``Shutdown``; after
+    ``options.shutdown_grace`` seconds its task is cancelled) and no task of it
+    outlives the block.
+
+    What differs: the engine shares this process's event loop, so an engine (or a
+    factory loading a model) that blocks it blocks the orchestrator too; there are
+    no heartbeats, since a stuck task stops everything; ``kill`` cancels the task;
+    ``pid`` is ``None``.
+
+    Args:
+      engine: The engine factory, or its import path ``"package.module:name"``;
+          called with ``engine_args`` as keyword arguments. To hand the engine live
+          objects (a loaded model), bind them into the factory, e.g. with
+          :func:`functools.partial`.
+      stage_id, name, engine_args, prefix, connector: As for
+          :func:`open_process_stage`.
+      options: As for :func:`open_process_stage`; its ``backend`` is set to
+          ``"inprocess"``.
+
+    Raises:
+      WorkerStartError: the engine could not be loaded; the message says why.
+    """
+    factory = None if isinstance(engine, str) else engine
+    async with _open_stage(
+        _factory_path(engine),
+        TaskLauncher(factory),
+        "inprocess",
+        stage_id=stage_id,
+        name=name,
+        engine_args=engine_args,
+        prefix=prefix,
+        connector=connector,
+        options=options,
+    ) as stage:
+        yield stage
+
+
+@asynccontextmanager
+async def _open_stage(
+    engine: str,
+    launcher: WorkerLauncher,
+    backend: Literal["process", "inprocess"],
+    *,
+    stage_id: int,
+    name: str | None,
+    engine_args: Mapping[str, Any] | None,
+    prefix: str | None,
+    connector: ShmConnector | None,
+    options: WorkerOptions | None,
+) -> AsyncIterator[ProcessStage]:
     if options is None:
-        options = WorkerOptions()
+        options = WorkerOptions(backend=backend)
     elif not isinstance(options, WorkerOptions):
         raise TypeError(f"options must be a WorkerOptions, got {options!r}")
+    elif options.backend != backend:
+        options = attrs.evolve(options, backend=backend)
     if prefix is None:
         prefix = connector.prefix if connector is not None else _shm.new_prefix()
     stage = ProcessStage._create(
@@ -344,9 +481,11 @@ async def open_process_stage(
         prefix=prefix,
         connector=connector,
         options=options,
+        launcher=launcher,
     )
     with unwrap_single_exception():
         async with trio.open_nursery() as nursery:
+            stage._nursery = nursery  # an in-process worker's tasks run here
             await nursery.start(stage._supervise)
             try:
                 yield stage

@@ -1,7 +1,9 @@
 """A stage worker: one process running one stage's engine under Trio.
 
 Started by :func:`omni_trio.process.open_process_stage` as
-``python -m omni_trio.process.worker --control-fd N [--connector-fd M]``. The control
+``python -m omni_trio.process.worker --control-fd N [--connector-fd M]``; an
+in-process stage (:func:`omni_trio.process.open_inprocess_stage`) runs its ``_serve``
+in a task instead, over socket pairs, the same in every other way. The control
 connection carries frames from the orchestrator (``Init`` first, then ``Submit``,
 ``Abort``, ``Release``, ``Ping``, ``Shutdown``) and back (``Ready``/``Fatal``,
 ``Output``, ``Failed``, ``Pong``). The connector connection, in async_chunk mode,
@@ -28,7 +30,7 @@ import trio
 from .._util import describe, import_object
 from . import _shm
 from . import _wire as wire
-from ._engine import ChunkLostError, Engine, EngineRequest, Last
+from ._engine import ChunkLostError, Engine, EngineFactory, EngineRequest, Last
 
 __all__ = ["main"]
 
@@ -230,7 +232,16 @@ class _Worker:
                 control.send_nowait(wire.encode(wire.Failed(request_id, describe(exc))))
 
 
-async def _serve(control_socket: socket.socket, connector_socket: socket.socket | None) -> None:
+async def _serve(
+    control_socket: socket.socket,
+    connector_socket: socket.socket | None,
+    *,
+    factory: EngineFactory | None = None,
+) -> None:
+    """Serve the orchestrator on these connections until ``Shutdown`` or until the
+    control connection closes. A worker process runs it as its whole life, an
+    in-process worker in a task; ``factory``, if given, is the engine factory
+    ``Init`` names (an in-process stage may be handed one without an import path)."""
     control = trio.SocketStream(trio.socket.from_stdlib_socket(control_socket))
     reader = wire.FrameReader(control, wire.DECODE_TO_WORKER)
     writer = wire.FrameWriter(control)
@@ -247,7 +258,8 @@ async def _serve(control_socket: socket.socket, connector_socket: socket.socket 
             writer.close()
             return
         try:
-            engine = import_object(init.engine)(**init.engine_args)
+            load = import_object(init.engine) if factory is None else factory
+            engine = load(**init.engine_args)
         except Exception as exc:
             fatal = wire.Fatal(f"cannot load engine {init.engine!r}: {describe(exc)}")
             writer.send_nowait(wire.encode(fatal))

@@ -1,0 +1,220 @@
+"""Where a stage's worker runs: the seam between a stage and its engine's home.
+
+A :class:`~omni_trio.process.ProcessStage` supervises one worker at a time through a
+:class:`~omni_trio.process._connection.WorkerConnection`, which speaks the wire
+protocol over two stream connections: control (``Init``, ``Submit``, ``Output``, ...)
+and, in async_chunk mode, connector (``Chunk`` notices for the relay). Everything the
+worker does -- loading the engine, running its requests, the chunk sequence numbers,
+releases, heartbeats -- is :mod:`omni_trio.process.worker`'s ``_serve``, whatever the
+worker is. A :class:`WorkerLauncher` says only what it is:
+
+- :class:`ProcessLauncher` (``backend = "process"``): ``python -m
+  omni_trio.process.worker``, connected over inherited socket pairs.
+- :class:`TaskLauncher` (``backend = "inprocess"``): ``_serve`` in a task of this
+  Trio run, connected over socket pairs exactly as a process would be.
+
+A launcher makes the connections and starts the worker; a :class:`WorkerHandle` lets
+the connection kill it and wait for it to end. A cluster backend (an actor that runs
+``_serve`` over TCP connections) is a third launcher.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from typing import Protocol
+
+import attrs
+import trio
+
+from .._util import describe, final
+from . import worker as _worker
+from ._connection import exit_reason
+from ._engine import EngineFactory
+
+__all__ = [
+    "LaunchedWorker",
+    "ProcessLauncher",
+    "TaskLauncher",
+    "WorkerHandle",
+    "WorkerLauncher",
+]
+
+logger = logging.getLogger("omni_trio.process")
+
+
+class WorkerHandle(Protocol):
+    """A started worker, as its connection stops it."""
+
+    @property
+    def pid(self) -> int | None:
+        """Its process id; ``None`` for a worker that is not a process of its own."""
+
+    def kill(self) -> None:
+        """End it now, as a crash would (a no-op once it has ended)."""
+
+    async def wait(self) -> str:
+        """Wait until it has ended; return why, as a reason (``"it exited with
+        status 3"``). Returns at once once it has ended."""
+
+
+@final
+@attrs.frozen
+class LaunchedWorker:
+    """What a launcher hands its connection: the worker and our ends of its
+    connections (``connector`` only when asked for).
+
+    ``heartbeat`` says whether pinging it tells anything: not for a task of our own
+    event loop, which cannot be stuck while we are not.
+    """
+
+    handle: WorkerHandle
+    control: socket.socket
+    connector: socket.socket | None
+    heartbeat: bool = True
+
+
+class WorkerLauncher(Protocol):
+    """Starts a stage's workers (one per :meth:`launch`; again after a death)."""
+
+    @property
+    def backend(self) -> str:
+        """Its name in a config's ``[stages.runtime] backend``."""
+
+    async def launch(self, nursery: trio.Nursery, *, with_connector: bool) -> LaunchedWorker:
+        """Start a worker serving the wire protocol on its ends of fresh connections.
+
+        ``nursery`` outlives every worker of the stage: tasks the worker needs run
+        there. The worker is not ready yet: its connection sends ``Init`` and waits for
+        ``Ready``. If this raises, nothing of the worker is left.
+        """
+
+
+def _socketpairs(with_connector: bool) -> list[tuple[socket.socket, socket.socket]]:
+    return [socket.socketpair() for _ in range(2 if with_connector else 1)]
+
+
+def _close(sockets: list[socket.socket | None]) -> None:
+    for sock in sockets:
+        if sock is not None:
+            sock.close()
+
+
+# -- processes ------------------------------------------------------------------------------
+
+
+@final
+class _ProcessHandle:
+    def __init__(self, process: trio.Process) -> None:
+        self.process = process
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def kill(self) -> None:
+        if self.process.returncode is None:
+            self.process.kill()
+
+    async def wait(self) -> str:
+        return exit_reason(await self.process.wait())
+
+
+@final
+class ProcessLauncher:
+    """Each worker is ``python -m omni_trio.process.worker`` (the import path of this
+    process, so it imports what we can), its connections inherited socket pairs."""
+
+    backend = "process"
+
+    async def launch(self, nursery: trio.Nursery, *, with_connector: bool) -> LaunchedWorker:
+        pairs = _socketpairs(with_connector)
+        children = [child for _, child in pairs]
+        command = [sys.executable, "-m", "omni_trio.process.worker"]
+        command += ["--control-fd", str(children[0].fileno())]
+        if with_connector:
+            command += ["--connector-fd", str(children[1].fileno())]
+        env = dict(os.environ)  # the worker imports what this process can
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        try:
+            process = await trio.lowlevel.open_process(
+                command, pass_fds=[s.fileno() for s in children], env=env
+            )
+        except BaseException:
+            _close([ours for ours, _ in pairs])
+            raise
+        finally:
+            _close(list(children))
+        connector = pairs[1][0] if with_connector else None
+        return LaunchedWorker(_ProcessHandle(process), pairs[0][0], connector)
+
+
+# -- tasks --------------------------------------------------------------------------------
+
+
+@final
+class _TaskHandle:
+    pid = None
+
+    def __init__(self) -> None:
+        self._scope = trio.CancelScope()
+        self._done = trio.Event()
+        self._reason = "it has not ended"
+
+    def kill(self) -> None:
+        self._scope.cancel()
+
+    async def wait(self) -> str:
+        await self._done.wait()
+        return self._reason
+
+    async def run(
+        self,
+        control: socket.socket,
+        connector: socket.socket | None,
+        factory: EngineFactory | None,
+    ) -> None:
+        """The worker: ``_serve`` until it returns (``Shutdown``, or its control
+        connection closed), raises (said as the reason, as a process's exit status
+        would be) or is killed. Its ends of the connections close with it, which is
+        how its peer learns that it is gone."""
+        reason = "its task was cancelled"  # with the stage's nursery
+        try:
+            with self._scope:
+                await _worker._serve(control, connector, factory=factory)
+                reason = "its task returned"
+            if self._scope.cancelled_caught:
+                reason = "it was killed (its task was cancelled)"
+        except Exception as exc:
+            logger.error("an in-process worker raised", exc_info=True)
+            reason = f"it raised {describe(exc)}"
+        finally:
+            _close([control, connector])
+            self._reason = reason
+            self._done.set()
+
+
+@final
+class TaskLauncher:
+    """Each worker is a task of this Trio run (in the stage's nursery), serving
+    socket pairs as a process would. ``factory`` is the engine factory, when it was
+    given as an object rather than an import path."""
+
+    backend = "inprocess"
+
+    def __init__(self, factory: EngineFactory | None = None) -> None:
+        self._factory = factory
+
+    async def launch(self, nursery: trio.Nursery, *, with_connector: bool) -> LaunchedWorker:
+        # A cancel point first, never after the task is started: a cancel there would
+        # lose the worker, and its task would wait for an Init forever.
+        await trio.lowlevel.checkpoint()
+        pairs = _socketpairs(with_connector)
+        handle = _TaskHandle()
+        connector, connector_child = pairs[1] if with_connector else (None, None)
+        nursery.start_soon(
+            handle.run, pairs[0][1], connector_child, self._factory, name="in-process worker"
+        )
+        return LaunchedWorker(handle, pairs[0][0], connector, heartbeat=False)
