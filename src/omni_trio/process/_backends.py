@@ -56,7 +56,7 @@ class WorkerHandle(Protocol):
         """End it now, as a crash would (a no-op once it has ended)."""
 
     async def wait(self) -> str:
-        """Wait until it has ended; return why, as a reason (``"it exited with
+        """Wait until it has ended; return why, as a reason (``"exited with
         status 3"``). Returns at once once it has ended."""
 
 
@@ -161,7 +161,7 @@ class _TaskHandle:
     def __init__(self) -> None:
         self._scope = trio.CancelScope()
         self._done = trio.Event()
-        self._reason = "it has not ended"
+        self._reason = "not ended"
 
     def kill(self) -> None:
         self._scope.cancel()
@@ -186,10 +186,10 @@ class _TaskHandle:
                 await _worker._serve(control, connector, factory=factory)
                 reason = "its task returned"
             if self._scope.cancelled_caught:
-                reason = "it was killed (its task was cancelled)"
+                reason = "killed (its task was cancelled)"
         except Exception as exc:
             logger.error("an in-process worker raised", exc_info=True)
-            reason = f"it raised {describe(exc)}"
+            reason = f"raised {describe(exc)}"
         finally:
             _close([control, connector])
             self._reason = reason
