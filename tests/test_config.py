@@ -40,7 +40,6 @@ def test_a_good_config():
     assert config.with_mode(async_chunk=False).pipeline.connector == "none"
 
 
-
 @pytest.mark.parametrize(
     ("value", "message"),
     [
@@ -56,6 +55,7 @@ def test_an_audio_stage_says_its_sample_rate(value, message):
     assert config.stages[1].sample_rate == 16_000
     with pytest.raises(ConfigError, match=message):
         parse_pipeline(GOOD.replace(audio, f"{audio}\nsample_rate = {value}"), source="p.toml")
+
 
 def test_the_demo_pipeline_loads_and_builds_its_functions():
     config = template()

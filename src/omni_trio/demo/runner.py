@@ -139,9 +139,7 @@ async def run_demo(options: DemoOptions, console: Console) -> list[LevelResult]:
                 ) as orch,
             ):
                 for concurrency in options.concurrency:
-                    level = _Level(
-                        orch, options, mode, concurrency, sample_rate, console, progress
-                    )
+                    level = _Level(orch, options, mode, concurrency, sample_rate, console, progress)
                     results.append(await level.run(audio if not results else None))
     if audio:
         write_wav(options.output, bytes(audio), sample_rate)
