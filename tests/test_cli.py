@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import base64
+import io
 import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import wave
+from importlib.resources import files
 from pathlib import Path
 
 import pytest
 
+import omni_trio
 from omni_trio._cli import main
 
 
@@ -30,10 +40,8 @@ def test_compare_table(capsys):
 
 
 def test_a_command_is_required(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main([])
-    assert exit_info.value.code == 2
-    assert "COMMAND" in capsys.readouterr().err
+    assert main([]) == 2
+    assert capsys.readouterr().err == "omni-trio: the following arguments are required: COMMAND\n"
 
 
 def test_bench_quick_smoke(capsys):
@@ -66,3 +74,198 @@ def test_bench_from_prints_the_saved_report(capsys):
     assert out.startswith("$ omni-trio bench --json\nPython 3.11.7;")
     assert "1,026k" in out  # the asyncio twin's scenario 1, as docs/performance.md shows
     assert "goal latency p99 <= 1 ms: 0.421" in out
+
+
+# --- the command as a user meets it: checked arguments, `run`, `python -m omni_trio` ---
+
+SRC = str(Path(omni_trio.__file__).parent.parent)
+DEMO_TOML = str(files("omni_trio.demo").joinpath("pipeline.toml"))
+
+#: Engines a user keeps beside their config (forward mode: words, then their "audio").
+MODELS = """
+def words():
+    async def engine(request, io):
+        for word in request.inputs.split():
+            yield word + " "
+    return engine
+
+
+def tone():
+    async def engine(request, io):
+        for word in request.inputs:
+            yield bytes(2 * len(word))  # 16-bit silence, one sample per letter
+    return engine
+
+
+def to_tone(outputs):  # imported by the parent process: a forward function
+    return [word for word in outputs if word]
+"""
+
+TINY = """
+[pipeline]
+name = "tiny"
+async_chunk = false
+connector = "none"
+
+[[stages]]
+stage_id = 0
+name = "words"
+engine = "{module}:words"
+final_output = true
+
+[[stages]]
+stage_id = 1
+name = "tone"
+engine = "{module}:tone"
+custom_process_input_func = "{module}:to_tone"
+final_output = true
+final_output_type = "audio"
+sample_rate = 16000
+"""
+
+
+def user_pipeline(directory: Path, module: str) -> Path:
+    """A config and its engine module side by side in ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{module}.py").write_text(MODELS)
+    config = directory / "tiny.toml"
+    config.write_text(TINY.format(module=module))
+    return config
+
+
+def omni_trio_cli(*argv: str, cwd: Path, stdin: str = "", timeout: float = 5.0):
+    """``python -m omni_trio ARGV`` with only this checkout's ``src`` on PYTHONPATH."""
+    return subprocess.run(
+        [sys.executable, "-m", "omni_trio", *argv],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": SRC},
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+BAD_ARGUMENTS = [
+    ("demo --concurrency 0", "omni-trio demo: --concurrency must be a positive integer, got 0"),
+    ("demo --concurrency -1", "omni-trio demo: --concurrency must be a positive integer, got -1"),
+    ("demo --concurrency 1 x", "--concurrency must be a positive integer, got x"),
+    ("demo --max-tokens 0", "omni-trio demo: --max-tokens must be a positive integer, got 0"),
+    ("demo --tokens-per-second 0", "--tokens-per-second must be a positive number, got 0"),
+    ("demo --tokens-per-second inf", "--tokens-per-second must be a positive number, got inf"),
+    ("demo --codes-per-second -2", "--codes-per-second must be a positive number, got -2"),
+    ("demo --requests 0", "omni-trio demo: --requests must be a positive integer, got 0"),
+    ("demo --prompt ' '", "omni-trio demo: --prompt must not be empty"),
+    (
+        "demo --output /nonexistent/dir/x.wav",
+        "omni-trio demo: --output must be in an existing directory, '/nonexistent/dir' does",
+    ),
+    ("demo --output .", "omni-trio demo: --output must name a file, '.' is a directory"),
+    ("demo --mode both", "omni-trio demo: argument --mode: invalid choice: 'both'"),
+    ("demo --bogus", "omni-trio demo: unrecognized arguments: --bogus"),
+    ("demo --requests", "omni-trio demo: argument --requests: expected one argument"),
+    (
+        "run {demo} --prompt hi --wav /nonexistent/x.wav",
+        "omni-trio run: --wav must be in an existing directory, '/nonexistent' does not exist",
+    ),
+    ("run text.toml --prompt hi --wav x.wav", "--wav needs an audio final stage, text.toml has"),
+    ("run {demo} --prompt ''", "omni-trio run: --prompt must not be empty"),
+    ("run {demo} --prompt-file empty.txt", "--prompt-file must hold a prompt, 'empty.txt' is"),
+    ("run {demo} --prompt-file -", "--prompt-file must hold a prompt, standard input is empty"),
+    ("run {demo} --prompt-file nope.txt", "--prompt-file must name a readable file, 'nope.txt'"),
+    ("run {demo} --prompt a --prompt-file b", "argument --prompt-file: not allowed with"),
+    ("run {demo}", "omni-trio run: one of the arguments --prompt --prompt-file is required"),
+    ("run {demo} --prompt hi --sample-rate 0", "--sample-rate must be a positive integer, got 0"),
+    ("run missing.toml --prompt hi", "omni-trio run: missing.toml: cannot read it"),
+    ("run bad.toml --prompt hi", "bad.toml: stages[0]: Object missing required field `engine`"),
+    ("compare -k nothing", "omni-trio compare: -k must match a scenario key, 'nothing' matches"),
+    ("bench --from nope.json", "omni-trio bench: --from must name a readable file, 'nope.json'"),
+    ("", "omni-trio: the following arguments are required: COMMAND"),
+    ("serve", "omni-trio: argument COMMAND: invalid choice: 'serve'"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD_ARGUMENTS, ids=[a for a, _ in BAD_ARGUMENTS])
+def test_a_bad_argument_is_one_line_and_status_2_before_anything_starts(tmp_path, argv, message):
+    (tmp_path / "empty.txt").write_text(" \n\n")
+    (tmp_path / "text.toml").write_text(
+        '[[stages]]\nstage_id = 0\nengine = "m:f"\nfinal_output = true\n'
+    )
+    (tmp_path / "bad.toml").write_text("[[stages]]\nstage_id = 0\n")
+    started = time.monotonic()
+    done = omni_trio_cli(*shlex.split(argv.format(demo=DEMO_TOML)), cwd=tmp_path)
+    assert time.monotonic() - started < 5
+    assert done.returncode == 2
+    assert done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert message in line
+    assert "Traceback" not in done.stderr
+    assert not list(tmp_path.glob("*.wav"))  # nothing ran
+
+
+def test_run_finds_the_engines_beside_its_config_and_prints_json(tmp_path):
+    config = user_pipeline(tmp_path / "models", "my_models")
+    (tmp_path / "prompt.txt").write_text("Hello there\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    argv = ["run", str(config), "--prompt-file", str(tmp_path / "prompt.txt"), "--json"]
+    done = omni_trio_cli(*argv, cwd=elsewhere, timeout=60)
+    assert done.returncode == 0, done.stderr
+    outputs = [json.loads(line) for line in done.stdout.splitlines()]  # nothing but JSON
+    *streamed, terminal = outputs
+    text = [o["data"] for o in streamed if o["stage"] == "words" and o["data"] is not None]
+    assert text == ["Hello ", "there "]
+    audio = [o for o in streamed if o["stage"] == "tone" and o["data"] is not None]
+    assert {o["data_encoding"] for o in audio} == {"base64"}
+    assert [len(base64.b64decode(o["data"])) for o in audio] == [12, 12]
+    assert terminal["finished"] is True
+    assert terminal["finish_reason"] == "completed"
+    assert (terminal["stage_id"], terminal["stage"]) == (1, "tone")
+    metrics = terminal["metrics"]
+    assert set(metrics["time_to_first_output"]) == {"0", "1"}
+    assert 0 < metrics["time_to_first_output"]["0"] <= metrics["e2e_latency"]
+    assert metrics["num_outputs"] == len(outputs)
+
+
+def test_run_reads_the_prompt_from_stdin_and_takes_the_sample_rate_from_the_config(
+    tmp_path, monkeypatch, capsys
+):
+    config = user_pipeline(tmp_path / "models", "my_stdin_models")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("  One two three \n"))
+    path_before, env_before = list(sys.path), os.environ.get("PYTHONPATH")
+    assert main(["run", str(config), "--prompt-file", "-", "--wav", "out.wav"]) == 0
+    assert (sys.path, os.environ.get("PYTHONPATH")) == (path_before, env_before)  # restored
+    out = capsys.readouterr().out
+    header, text, *rest = out.splitlines()
+    assert header == "tiny: words -> tone (forward)"
+    assert text == "One two three "  # and nothing for the bare completions
+    assert "first output: words" in rest[0]
+    assert "28 bytes of audio (0.00 s at 16,000 Hz)" in out  # "One ", "two ", "three "
+    with wave.open(str(tmp_path / "out.wav")) as wav:
+        assert (wav.getframerate(), wav.getnframes()) == (16_000, 14)
+
+
+def test_the_version_and_python_m(tmp_path, capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"omni-trio {omni_trio.__version__}\n"
+    done = omni_trio_cli("--help", cwd=tmp_path)
+    assert done.returncode == 0
+    assert done.stdout.startswith("usage: omni-trio [-h] [--version] COMMAND ...")
+
+
+def test_compare_fits_80_columns_and_cuts_nothing(capsys, monkeypatch):
+    assert main(["compare", "--json"]) == 0
+    scenarios = json.loads(capsys.readouterr().out)["scenarios"]
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["compare"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "…" not in out
+    flat = " ".join(out.split())  # wrapped at spaces only: every text is there whole
+    for row in scenarios:
+        assert f"{row['number']}. {row['title']} (" in flat
+        for framework, label in (("asyncio", "asyncio"), ("trio", "Trio")):
+            outcome = row[framework]
+            assert f"{label}: {outcome['verdict']} {' '.join(outcome['detail'].split())}" in flat

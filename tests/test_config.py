@@ -40,6 +40,23 @@ def test_a_good_config():
     assert config.with_mode(async_chunk=False).pipeline.connector == "none"
 
 
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("0", r"stages\[1\]\.sample_rate: must be a positive integer \(Hz\), got 0"),
+        ("-8000", r"stages\[1\]\.sample_rate: must be a positive integer \(Hz\), got -8000"),
+        ('"24k"', r"stages\[1\]\.sample_rate: Expected `int`, got `str`"),
+    ],
+)
+def test_an_audio_stage_says_its_sample_rate(value, message):
+    assert parse_pipeline(GOOD).stages[1].sample_rate == 24_000  # the default
+    audio = 'final_output_type = "audio"'
+    config = parse_pipeline(GOOD.replace(audio, f"{audio}\nsample_rate = 16000"))
+    assert config.stages[1].sample_rate == 16_000
+    with pytest.raises(ConfigError, match=message):
+        parse_pipeline(GOOD.replace(audio, f"{audio}\nsample_rate = {value}"), source="p.toml")
+
+
 def test_the_demo_pipeline_loads_and_builds_its_functions():
     config = template()
     assert [s.label for s in config.stages] == ["thinker", "talker", "code2wav"]

@@ -114,7 +114,9 @@ def test_run_exits_1_when_the_request_fails(tmp_path, capsys):
         '[[stages]]\nstage_id = 0\nengine = "process_engines:fails"\nfinal_output = true\n'
     )
     assert main(["run", str(config), "--prompt", "boom"]) == 1
-    assert "error: stage 0 failed: ValueError: the engine broke" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert printed.err == "omni-trio run: error: stage 0 failed: ValueError: the engine broke\n"
+    assert "before" in printed.out
 
 
 def test_run_writes_the_sample_rate_it_is_given(tmp_path):

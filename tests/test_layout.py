@@ -41,7 +41,7 @@ PROCESS_MAY_IMPORT = {"_util", "_checks", "_errors", "_messages"}
 #: Configs describe process pipelines: they know the options of a worker, nothing else.
 CONFIG_MAY_IMPORT = {"_util", "_checks", "process._options"}
 #: The application: the command line, the demo, the benchmarks. Nothing else uses them.
-APP = ("_cli", "_audio", "demo", "bench")
+APP = ("_cli", "__main__", "_audio", "demo", "bench")
 #: What imports neither trio nor asyncio.
 NEUTRAL = LAYERS[0][1] | LAYERS[1][1] | LAYERS[2][1]
 LOOPS = {"trio", "asyncio", "anyio", "sniffio", "trio_util"}

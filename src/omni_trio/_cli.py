@@ -1,22 +1,162 @@
-"""The ``omni-trio`` command line."""
+"""The ``omni-trio`` command line.
+
+Every argument is checked before anything starts. A bad one -- argparse's own
+complaints included -- is one line on stderr naming the option and the rule, and exit
+status 2: ``omni-trio demo: --concurrency must be a positive integer, got 0``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import base64
+import contextlib
 import json
+import math
+import os
 import platform
+import re
 import sys
-from collections.abc import Sequence
-from importlib.metadata import version
-from typing import Any
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 __all__ = ["main"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line on stderr, no usage dump, status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        # "argument --concurrency: must be ..." (our converters) reads as
+        # "--concurrency must be ..."; argparse's own messages keep their words.
+        message = re.sub(r"^argument (\S+): (must )", r"\1 \2", message)
+        self.exit(2, f"{self.prog}: {_one_line(message)}\n")
+
+
+class _UsageError(Exception):
+    """A post-parse check failed; the message names the option and the rule."""
+
+
+def _one_line(text: object) -> str:
+    """``text`` with its line breaks (a multi-line cause, say) joined by spaces."""
+    return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def _shown(text: str) -> str:
+    """An argument as typed, quoted only if it would not read plainly."""
+    return text if text and text == text.strip() and " " not in text else repr(text)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {_shown(text)}")
+    return value
+
+
+def _positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {_shown(text)}")
+    return value
+
+
+def _text(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must not be empty, got {text!r}")
+    return text
+
+
+def _check_output(option: str, path: str) -> None:
+    """``path`` can be created or overwritten as a file: checked before a run, not
+    after it."""
+    target = Path(path)
+    directory = target.parent
+    if target.is_dir():
+        raise _UsageError(f"{option} must name a file, {path!r} is a directory")
+    if not directory.is_dir():
+        problem = "does not exist" if not directory.exists() else "is not a directory"
+        raise _UsageError(
+            f"{option} must be in an existing directory, {str(directory)!r} {problem}"
+        )
+    writable = os.access(target, os.W_OK) if target.exists() else os.access(directory, os.W_OK)
+    if not writable:
+        raise _UsageError(f"{option} must be a writable path, {path!r} is not")
+
+
+def _check_compare(args: argparse.Namespace) -> None:
+    from .compare.scenarios import SCENARIOS
+
+    if args.k is not None and not any(args.k in s.key for s in SCENARIOS):
+        keys = ", ".join(s.key for s in SCENARIOS)
+        raise _UsageError(f"-k must match a scenario key, {args.k!r} matches none of {keys}")
+
+
+def _check_bench(args: argparse.Namespace) -> None:
+    args.report = None
+    if args.from_file is not None:
+        try:
+            with open(args.from_file) as saved:
+                args.report = json.load(saved)
+        except OSError as exc:
+            raise _UsageError(
+                f"--from must name a readable file, {args.from_file!r}: {exc.strerror or exc}"
+            ) from None
+        except ValueError as exc:
+            raise _UsageError(
+                f"--from must name a report saved with --json, {args.from_file!r}: {exc}"
+            ) from None
+
+
+def _check_demo(args: argparse.Namespace) -> None:
+    _check_output("--output", args.output)
+
+
+def _check_run(args: argparse.Namespace) -> None:
+    from .config import ConfigError, load_pipeline
+
+    try:
+        args.config = load_pipeline(args.pipeline)
+    except ConfigError as exc:
+        raise _UsageError(str(exc)) from None
+    audio = [s for s in args.config.stages if s.final_output and s.final_output_type == "audio"]
+    if args.wav is not None:
+        if not audio:
+            raise _UsageError(f"--wav needs an audio final stage, {args.pipeline} has none")
+        _check_output("--wav", args.wav)
+    if args.sample_rate is None:
+        args.sample_rate = audio[0].sample_rate if audio else None
+    if args.prompt_file is not None:
+        name = "standard input" if args.prompt_file == "-" else repr(args.prompt_file)
+        try:
+            if args.prompt_file == "-":
+                text = sys.stdin.read()
+            else:
+                text = Path(args.prompt_file).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise _UsageError(
+                f"--prompt-file must name a readable file, {name}: {exc.strerror or exc}"
+            ) from None
+        except ValueError:
+            raise _UsageError(f"--prompt-file must hold UTF-8 text, {name} does not") from None
+        args.prompt = text.strip()
+        if not args.prompt:
+            raise _UsageError(f"--prompt-file must hold a prompt, {name} is empty")
+
+
 def _compare(args: argparse.Namespace) -> int:
+    from importlib.metadata import version
+
     from .compare.scenarios import SCENARIOS, expected_verdicts, run_scenario
 
     scenarios = [s for s in SCENARIOS if not args.k or args.k in s.key]
@@ -48,25 +188,16 @@ def _compare(args: argparse.Namespace) -> int:
         return 1 if surprises else 0
 
     console = Console()
-    table = Table(
-        title=f"Cancellation semantics: asyncio vs Trio "
-        f"(Python {versions['python']}, trio {versions['trio']})",
-        show_lines=True,
-    )
-    table.add_column("#", justify="right")
-    table.add_column("scenario")
-    table.add_column("asyncio")
-    table.add_column("Trio")
-    table.add_column("")
-    for row in rows:
-        table.add_row(
-            str(row["number"]),
-            row["title"],
-            f"[bold]{row['asyncio']['verdict']}[/bold]\n{row['asyncio']['detail']}",
-            f"[bold]{row['trio']['verdict']}[/bold]\n{row['trio']['detail']}",
-            "same" if row["same"] else "[yellow]different[/yellow]",
+    console.print(
+        Text(
+            f"Cancellation semantics: asyncio vs Trio "
+            f"(Python {versions['python']}, trio {versions['trio']})",
+            style="bold",
         )
-    console.print(table)
+    )
+    for row in rows:
+        console.print(_scenario_view(row))
+    console.print()
     if surprises:
         console.print(f"[red]Not as documented in docs/cancellation.md: {', '.join(surprises)}")
         return 1
@@ -74,12 +205,35 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scenario_view(row: dict[str, Any]) -> Table:
+    """One scenario, then one row per framework: it fits 80 columns, and a word longer
+    than its column is folded, never cut with an ellipsis."""
+    outcomes = Table.grid(padding=(0, 1))
+    outcomes.add_column(no_wrap=True)
+    outcomes.add_column(overflow="fold")
+    for label, key in (("asyncio", "asyncio"), ("Trio", "trio")):
+        outcome = row[key]
+        outcomes.add_row(
+            f"{label}:", Text.assemble((outcome["verdict"], "bold"), "\n", outcome["detail"])
+        )
+    view = Table.grid(padding=(0, 1))
+    view.add_column(justify="right", no_wrap=True, width=3)
+    view.add_column(overflow="fold")
+    same = Text("same", style="green") if row["same"] else Text("different", style="yellow")
+    view.add_row("", "")
+    view.add_row(
+        Text(f"{row['number']}.", style="bold"),
+        Text.assemble((row["title"], "bold"), " (", same, ")"),
+    )
+    view.add_row("", outcomes)
+    return view
+
+
 def _bench(args: argparse.Namespace) -> int:
     from .bench._report import print_report, run_bench
 
-    if args.from_file:
-        with open(args.from_file) as saved:
-            print_report(json.load(saved))
+    if args.report is not None:  # --from, read by the check
+        print_report(args.report)
         return 0
     argv = " ".join(["omni-trio", *sys.argv[1:]]) if args.argv is None else args.argv
     report = run_bench(quick=args.quick, command=argv)
@@ -93,11 +247,9 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     import trio
 
-    from .demo.runner import DemoOptions, results_table, run_demo
+    from .demo.runner import DemoOptions, results_table, run_demo, template
 
     output = Path(args.output)
     options = DemoOptions.quick(output) if args.quick else DemoOptions(output=output)
@@ -121,21 +273,79 @@ def _demo(args: argparse.Namespace) -> int:
         "TTFT: first text token; TTFP: first audio packet; E2E: admission to terminal; "
         "RTF: E2E / audio duration (mean per request)."
     )
-    console.print(f"Audio of the first request: {output} (16-bit mono, 24 kHz)")
+    rate = template().stages[2].sample_rate
+    console.print(f"Audio of the first request: {output} (16-bit mono, {rate:,} Hz)")
     return 0
 
 
 def _run(args: argparse.Namespace) -> int:
     import trio
 
-    from .config import ConfigError, load_pipeline
+    from .config import ConfigError
     from .process import WorkerStartError
 
+    with _import_path(Path(args.pipeline).parent, Path.cwd()):
+        try:
+            return int(trio.run(_run_one, args.config, args))
+        except (ConfigError, WorkerStartError) as exc:  # the pipeline could not start
+            return _fail(f"omni-trio run: {exc}", 2)
+
+
+def _fail(message: str, status: int) -> int:
+    print(_one_line(message), file=sys.stderr)
+    return status
+
+
+@contextlib.contextmanager
+def _import_path(*directories: Path) -> Iterator[None]:
+    """Put ``directories`` (the config's, then the current one) first on the import
+    path of this process (``sys.path``: prewarm and forward functions) and of the
+    workers it spawns (``PYTHONPATH``, after any entries it had), as ``python
+    script.py`` puts the script's directory; both are restored afterwards."""
+    entries = list(dict.fromkeys(str(d.resolve()) for d in directories))
+    saved_path, saved_env = list(sys.path), os.environ.get("PYTHONPATH")
+    sys.path[:0] = [e for e in entries if e not in sys.path]
+    kept = [p for p in (saved_env or "").split(os.pathsep) if p and p not in entries]
+    os.environ["PYTHONPATH"] = os.pathsep.join([*entries, *kept])
     try:
-        return int(trio.run(_run_one, load_pipeline(args.pipeline), args))
-    except (ConfigError, WorkerStartError) as exc:  # the pipeline could not start
-        print(f"omni-trio run: {exc}", file=sys.stderr)
-        return 2
+        yield
+    finally:
+        sys.path[:] = saved_path
+        if saved_env is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved_env
+
+
+def _output_json(out: Any, names: dict[int, str]) -> dict[str, Any]:
+    """One output as JSON: bytes (audio) as base64, with ``data_encoding: "base64"``."""
+    data, encoding = out.data, None
+    if isinstance(data, bytes | bytearray | memoryview):
+        data, encoding = base64.b64encode(data).decode("ascii"), "base64"
+    record = {
+        "request_id": out.request_id,
+        "stage_id": out.stage_id,
+        "stage": names.get(out.stage_id),
+        "data": data,
+        "data_encoding": encoding,
+        "finished": out.finished,
+        "finish_reason": out.finish_reason,
+        "error": out.error,
+    }
+    metrics = out.metrics
+    if metrics is not None:
+        arrival = metrics.arrival_time
+        record["metrics"] = {
+            "e2e_latency": metrics.e2e_latency,
+            "time_to_first_output": {
+                str(k): t - arrival for k, t in sorted(metrics.first_output_times.items())
+            },
+            "stage_finish_latency": {
+                str(k): t - arrival for k, t in sorted(metrics.stage_finish_times.items())
+            },
+            "num_outputs": metrics.num_outputs,
+        }
+    return record
 
 
 async def _run_one(config: Any, args: argparse.Namespace) -> int:
@@ -144,16 +354,24 @@ async def _run_one(config: Any, args: argparse.Namespace) -> int:
     from .process import open_process_pipeline
 
     types = {s.stage_id: s.final_output_type for s in config.stages}
+    names = {s.stage_id: s.label for s in config.stages}
     audio = bytearray()
-    console = Console()
+    console = Console(quiet=args.json)  # with --json, stdout is the JSON lines alone
+    console.print(
+        f"{config.pipeline.name}: {' -> '.join(names.values())} ({config.mode})",
+        markup=False,
+        highlight=False,
+    )
     async with (
         open_process_pipeline(config) as pipeline,
         open_orchestrator(*pipeline.orchestrator_args, **pipeline.orchestrator_kwargs) as orch,
         orch.open_request(args.prompt) as stream,
     ):
         async for out in stream:
+            if args.json:
+                print(json.dumps(_output_json(out, names), default=repr), flush=True)
             if out.data is None or out.finish_reason in ("aborted", "error"):
-                continue
+                continue  # a bare completion shows as nothing
             if types.get(out.stage_id) == "audio":
                 audio += out.data
             else:
@@ -162,28 +380,54 @@ async def _run_one(config: Any, args: argparse.Namespace) -> int:
     terminal = stream.terminal
     assert terminal is not None
     if terminal.finish_reason != "completed":
-        console.print(f"[red]{terminal.finish_reason}: {terminal.error}")
-        return 1
+        return _fail(f"omni-trio run: {terminal.finish_reason}: {terminal.error or 'no cause'}", 1)
     metrics = terminal.metrics
     assert metrics is not None
     firsts = ", ".join(
-        f"stage {k} first output after {(metrics.time_to_first_output(k) or 0.0) * 1e3:,.0f} ms"
+        f"{names[k]} {(metrics.time_to_first_output(k) or 0.0) * 1e3:,.0f} ms"
         for k in sorted(metrics.first_output_times)
     )
-    console.print(f"completed in {metrics.e2e_latency * 1e3:,.0f} ms; {firsts}")
+    console.print(
+        f"completed in {metrics.e2e_latency * 1e3:,.0f} ms; first output: {firsts}",
+        highlight=False,
+    )
     if audio:
-        console.print(f"{len(audio):,} bytes of audio")
+        seconds = len(audio) / 2 / args.sample_rate
+        console.print(
+            f"{len(audio):,} bytes of audio ({seconds:.2f} s at {args.sample_rate:,} Hz)",
+            highlight=False,
+        )
         if args.wav:
-            write_wav(args.wav, bytes(audio), args.sample_rate)
-            console.print(f"written to {args.wav}")
+            try:
+                write_wav(args.wav, bytes(audio), args.sample_rate)
+            except OSError as exc:
+                return _fail(f"omni-trio run: cannot write {args.wav}: {exc}", 1)
+            console.print(f"written to {args.wav}", highlight=False)
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    """Run ``omni-trio ARGV`` (default: ``sys.argv[1:]``); return its exit status (2 for
+    a bad argument, whose one line is on stderr; 0 after ``--help`` or ``--version``)."""
+    try:
+        args = _parse(argv)
+    except SystemExit as exit:  # argparse's way out, and ours for a failed check
+        return exit.code if isinstance(exit.code, int) else 2
+    args.argv = None if argv is None else " ".join(["omni-trio", *argv])
+    status: int = args.run(args)
+    return status
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The parsed and checked arguments; raises :exc:`SystemExit` after printing
+    help, the version, or the one line that says what is wrong."""
+    from . import __version__
+
+    parser = _Parser(
         prog="omni-trio",
         description="omni_trio: a Trio control plane for multi-stage streaming pipelines.",
     )
+    parser.add_argument("--version", action="version", version=f"omni-trio {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     compare = commands.add_parser(
         "compare",
@@ -193,7 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     compare.add_argument("--json", action="store_true", help="print JSON instead of a table")
     compare.add_argument("-k", metavar="TEXT", help="only the scenarios whose key contains TEXT")
-    compare.set_defaults(run=_compare)
+    compare.set_defaults(run=_compare, check=_check_compare)
     bench = commands.add_parser(
         "bench",
         help="benchmark the Trio orchestrator against its asyncio twin (and uvloop)",
@@ -209,7 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="FILE",
         help="print the table of a report saved with --json instead of running",
     )
-    bench.set_defaults(run=_bench)
+    bench.set_defaults(run=_bench, check=_check_bench)
     demo = commands.add_parser(
         "demo",
         help="the main job: a simulated omni pipeline in worker processes, both modes",
@@ -219,29 +463,53 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     demo.add_argument("--quick", action="store_true", help="tiny and fast (a smoke run)")
     demo.add_argument("--mode", action="append", choices=["async_chunk", "forward"])
-    demo.add_argument("--concurrency", type=int, nargs="+", metavar="N")
-    demo.add_argument("--requests", type=int, metavar="N", help="requests per concurrency level")
-    demo.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
-    demo.add_argument("--tokens-per-second", type=float, help="the thinker's rate")
-    demo.add_argument("--max-tokens", type=int, help="the thinker's answer length")
-    demo.add_argument("--codes-per-second", type=float, help="the talker's rate")
+    demo.add_argument("--concurrency", type=_positive_int, nargs="+", metavar="N")
+    demo.add_argument(
+        "--requests", type=_positive_int, metavar="N", help="requests per concurrency level"
+    )
+    demo.add_argument("--prompt", type=_text, action="append", help="a prompt (repeat for several)")
+    demo.add_argument("--tokens-per-second", type=_positive_number, help="the thinker's rate")
+    demo.add_argument("--max-tokens", type=_positive_int, help="the thinker's answer length")
+    demo.add_argument("--codes-per-second", type=_positive_number, help="the talker's rate")
     demo.add_argument("--output", default="omni_trio_demo.wav", help="where the WAV goes")
-    demo.set_defaults(run=_demo)
+    demo.set_defaults(run=_demo, check=_check_demo)
     run = commands.add_parser(
         "run",
         help="stream one request through a pipeline config (TOML)",
         description="Start the stages of PIPELINE (a TOML config) as worker processes and "
-        "stream one request: text as it comes, audio counted (and written with --wav).",
+        "stream one request: text as it comes, audio counted (and written with --wav). "
+        "The config's directory and the current directory are put on the import path "
+        "(of this process and of the workers), so engines beside the config are found.",
     )
     run.add_argument("pipeline", metavar="PIPELINE.toml")
-    run.add_argument("--prompt", required=True)
-    run.add_argument("--wav", help="write the audio outputs to this WAV file")
-    run.add_argument("--sample-rate", type=int, default=24_000, help="of the audio (Hz)")
-    run.set_defaults(run=_run)
-    args = parser.parse_args(argv)
-    args.argv = None if argv is None else " ".join(["omni-trio", *argv])
-    status: int = args.run(args)
-    return status
+    prompt = run.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", type=_text, metavar="TEXT", help="the prompt")
+    prompt.add_argument(
+        "--prompt-file", metavar="PATH", help="read the prompt from PATH ('-': standard input)"
+    )
+    run.add_argument("--wav", metavar="PATH", help="write the audio outputs to this WAV file")
+    run.add_argument(
+        "--sample-rate",
+        type=_positive_int,
+        metavar="HZ",
+        help="of the audio, overriding the audio stage's sample_rate in the config",
+    )
+    run.add_argument(
+        "--json",
+        action="store_true",
+        help="print every output as a line of JSON (the terminal last, with its metrics); "
+        "audio data as base64",
+    )
+    run.set_defaults(run=_run, check=_check_run)
+    args, extra = parser.parse_known_args(argv)
+    command = commands.choices[args.command]
+    if extra:  # said by the subcommand, as argparse would not
+        command.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        args.check(args)
+    except _UsageError as exc:
+        command.error(str(exc))
+    return args
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -19,6 +19,7 @@ The vocabulary follows vLLM-Omni's stage configs where it fits (``stage_id``,
     engine_args = { tokens_per_second = 50 }     # the factory's keyword arguments
     final_output = true
     final_output_type = "text"                   # or "audio"
+    # sample_rate = 24000                        # Hz, of an "audio" stage's PCM
 
     [[stages]]
     stage_id = 1
@@ -70,6 +71,8 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froz
     engine_input_source: list[int] | None = None
     final_output: bool = False
     final_output_type: Literal["text", "audio"] = "text"
+    sample_rate: int = 24_000
+    """Hz of the 16-bit mono PCM an ``"audio"`` final stage emits (for WAV files)."""
     custom_process_input_func: str | None = None
     prewarm_func: str | None = None
     runtime: WorkerOptions = WorkerOptions()
@@ -284,6 +287,8 @@ def _check(config: PipelineConfig, source: str | None) -> None:
                 f"{key}.prewarm_func",
                 "only stages after the first, in async_chunk mode, are prewarmed",
             )
+        if stage.sample_rate < 1:
+            fail(f"{key}.sample_rate", f"must be a positive integer (Hz), got {stage.sample_rate}")
         if stage.custom_process_input_func is not None and index == 0:
             fail(f"{key}.custom_process_input_func", "stage 0's input is the prompt")
     if not config.final_stage_ids:

@@ -18,7 +18,6 @@ from .. import open_orchestrator
 from .._audio import write_wav
 from ..config import PipelineConfig, parse_pipeline
 from ..process import open_process_pipeline
-from .engines import SAMPLE_RATE
 
 __all__ = ["DemoOptions", "LevelResult", "results_table", "run_demo", "template"]
 
@@ -95,6 +94,7 @@ async def _one(
     prompt: str,
     limiter: trio.CapacityLimiter,
     *,
+    sample_rate: int,
     on_text: Any = None,
     audio: bytearray | None = None,
 ) -> tuple[float, float, float, float]:
@@ -115,7 +115,7 @@ async def _one(
     if terminal.finish_reason != "completed":
         raise RuntimeError(f"request {request_id}: {terminal.finish_reason}: {terminal.error}")
     metrics = terminal.metrics
-    seconds = pcm_bytes / 2 / SAMPLE_RATE
+    seconds = pcm_bytes / 2 / sample_rate
     return (
         metrics.time_to_first_output(0) or 0.0,
         metrics.time_to_first_output(2) or 0.0,
@@ -128,6 +128,7 @@ async def run_demo(options: DemoOptions, console: Console) -> list[LevelResult]:
     """Run every mode at every concurrency; write the first request's audio as a WAV."""
     results: list[LevelResult] = []
     audio = bytearray()
+    sample_rate = template().stages[2].sample_rate  # code2wav's, as the config says
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
         for mode in options.modes:
             config = _configure(options, mode)
@@ -138,10 +139,10 @@ async def run_demo(options: DemoOptions, console: Console) -> list[LevelResult]:
                 ) as orch,
             ):
                 for concurrency in options.concurrency:
-                    level = _Level(orch, options, mode, concurrency, console, progress)
+                    level = _Level(orch, options, mode, concurrency, sample_rate, console, progress)
                     results.append(await level.run(audio if not results else None))
     if audio:
-        write_wav(options.output, bytes(audio), SAMPLE_RATE)
+        write_wav(options.output, bytes(audio), sample_rate)
     return results
 
 
@@ -153,6 +154,7 @@ class _Level:
     options: DemoOptions
     mode: str
     concurrency: int
+    sample_rate: int
     console: Console
     progress: Progress
     measured: list[tuple[float, float, float, float]] = attrs.Factory(list)
@@ -182,6 +184,7 @@ class _Level:
             f"{self.mode}-{self.concurrency}-{index}",
             prompt,
             limiter,
+            sample_rate=self.sample_rate,
             on_text=_printer(self.console) if live else None,
             audio=audio,
         )

@@ -1,0 +1,8 @@
+"""``python -m omni_trio``: the ``omni-trio`` command line."""
+
+import sys
+
+from ._cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
