@@ -177,6 +177,9 @@ BAD_ARGUMENTS = [
     ("run {demo} --prompt a --prompt-file b", "argument --prompt-file: not allowed with"),
     ("run {demo}", "omni-trio run: one of the arguments --prompt --prompt-file is required"),
     ("run {demo} --prompt hi --sample-rate 0", "--sample-rate must be a positive integer, got 0"),
+    ("run {demo} --prompt hi --stage-idle-timeout 0", "--stage-idle-timeout must be a positive"),
+    ("run {demo} --prompt hi --max-in-flight 0", "--max-in-flight must be a positive integer"),
+    ("run {demo} --prompt hi --shutdown-grace -1", "--shutdown-grace must be a number of seconds"),
     ("run missing.toml --prompt hi", "omni-trio run: missing.toml: cannot read it"),
     ("run bad.toml --prompt hi", "bad.toml: stages[0]: Object missing required field `engine`"),
     ("compare -k nothing", "omni-trio compare: -k must match a scenario key, 'nothing' matches"),
@@ -269,3 +272,53 @@ def test_compare_fits_80_columns_and_cuts_nothing(capsys, monkeypatch):
         for framework, label in (("asyncio", "asyncio"), ("trio", "Trio")):
             outcome = row[framework]
             assert f"{label}: {outcome['verdict']} {' '.join(outcome['detail'].split())}" in flat
+
+
+HUNG_MODELS = """
+import trio
+
+
+def hangs():
+    async def engine(request, io):
+        yield "thinking..."
+        await trio.sleep_forever()  # a hung backend: it never says another word
+    return engine
+"""
+
+HUNG = """
+[pipeline]
+async_chunk = false
+connector = "none"
+stage_idle_timeout = 2.0
+
+[[stages]]
+stage_id = 0
+name = "thinker"
+engine = "hung_models:hangs"
+final_output = true
+"""
+
+
+def test_a_hung_engine_ends_run_with_status_1_and_its_cause(tmp_path):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "hung_models.py").write_text(HUNG_MODELS)
+    config = tmp_path / "models" / "hung.toml"
+    config.write_text(HUNG)
+    started = time.monotonic()
+    done = omni_trio_cli("run", str(config), "--prompt", "hi", cwd=tmp_path, timeout=10)
+    assert time.monotonic() - started < 10
+    assert done.returncode == 1, done.stderr
+    assert "thinking..." in done.stdout
+    [line] = done.stderr.splitlines()
+    assert "stage 0 (thinker) sent nothing for 2 s (stage_idle_timeout)" in line
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_run_takes_the_orchestrator_options_from_the_command_line(tmp_path):
+    (tmp_path / "hung_models.py").write_text(HUNG_MODELS)
+    config = tmp_path / "hung.toml"
+    config.write_text(HUNG)
+    argv = ["run", str(config), "--prompt", "hi", "--stage-idle-timeout", "0.5"]
+    done = omni_trio_cli(*argv, cwd=tmp_path, timeout=10)
+    assert done.returncode == 1, done.stderr
+    assert "sent nothing for 0.5 s (stage_idle_timeout)" in done.stderr

@@ -71,6 +71,16 @@ def _positive_number(text: str) -> float:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {_shown(text)}")
+    return value
+
+
 def _text(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError(f"must not be empty, got {text!r}")
@@ -127,6 +137,13 @@ def _check_run(args: argparse.Namespace) -> None:
 
     try:
         args.config = load_pipeline(args.pipeline)
+        overrides = {
+            key: getattr(args, key)
+            for key in ("stage_idle_timeout", "max_in_flight", "shutdown_grace")
+            if getattr(args, key) is not None
+        }
+        if overrides:
+            args.config = args.config.with_pipeline(**overrides)
     except ConfigError as exc:
         raise _UsageError(str(exc)) from None
     audio = [s for s in args.config.stages if s.final_output and s.final_output_type == "audio"]
@@ -493,6 +510,21 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         type=_positive_int,
         metavar="HZ",
         help="of the audio, overriding the audio stage's sample_rate in the config",
+    )
+    run.add_argument(
+        "--stage-idle-timeout",
+        type=_positive_number,
+        metavar="SECONDS",
+        help="end a request whose stage sends nothing for this long (overrides [pipeline])",
+    )
+    run.add_argument(
+        "--max-in-flight", type=_positive_int, metavar="N", help="overrides [pipeline]"
+    )
+    run.add_argument(
+        "--shutdown-grace",
+        type=_seconds,
+        metavar="SECONDS",
+        help="how long stopping may take before what is left is killed (overrides [pipeline])",
     )
     run.add_argument(
         "--json",
