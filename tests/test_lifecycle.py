@@ -261,6 +261,17 @@ class TestFaultMatrix:
             assert trio.current_time() == 0
             assert stream.terminal.finish_reason == "aborted"
 
+    async def test_a_zero_grace_still_aborts_a_stream_left_early(self, autojump_clock):
+        """A ``shutdown_grace`` of 0 leaves no time to wait for the terminal, but the
+        abort is handed over: the request ends now, not at the shutdown."""
+        stages = pipeline()
+        async with open_orchestrator(stages, {0, 2}, prewarm_fn=warm, shutdown_grace=0) as orch:
+            async with orch.open_request("p", request_id="r"):
+                pass
+            await trio.testing.wait_all_tasks_blocked()
+            assert orch.statistics().in_flight == 0
+            assert [s.aborts for s in stages] == [["r"]] * 3
+
     async def test_a_stream_left_after_the_shutdown_still_gets_its_terminal(self):
         stages = pipeline()
         leave = trio.Event()

@@ -165,8 +165,24 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         finally:
             if not stream._take_ready():  # left early: bounded and shielded
                 with trio.move_on_after(self._shutdown_grace, shield=True):
-                    await self.abort(rid)  # (after shutdown: it was aborted already)
+                    await self._abort_left(rid)
                     await stream._wait_for_terminal()
+
+    async def _abort_left(self, request_id: str) -> None:
+        """:meth:`abort` for a stream left early, handed over at once when the inbox
+        has room: even a ``shutdown_grace`` of 0, whose deadline has passed before
+        any wait, ends the request now rather than at the shutdown."""
+        if self._closed:  # the shutdown aborted it already
+            await trio.lowlevel.checkpoint()
+            return
+        try:
+            self._inbox_send.send_nowait(AbortRequest(request_id))
+        except trio.WouldBlock:
+            await self.abort(request_id)
+        except trio.BrokenResourceError:
+            pass  # shut down meanwhile: every request was aborted
+        else:
+            await trio.lowlevel.checkpoint()
 
     async def next_output(self) -> OrchOutput:
         """Wait for the next output of a request admitted with :meth:`add_request`.
