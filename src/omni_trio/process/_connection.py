@@ -28,6 +28,16 @@ __all__ = ["WorkerConnection", "WorkerStartError"]
 #: Why a worker is gone when its control connection closed before we knew more.
 CLOSED = "its control connection closed"
 
+#: ``python -m omni_trio.process.worker``, but ignoring SIGINT and SIGTERM from its
+#: first line on: a Ctrl-C at the terminal reaches every process of the group, and one
+#: that lands while a worker still imports must not print a ``KeyboardInterrupt``
+#: (the worker's orchestrator decides when it stops; see ``worker.main``).
+_WORKER_MAIN = (
+    "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "import omni_trio.process.worker as w; w.main()"
+)
+
 
 class WorkerStartError(RuntimeError):
     """A stage's worker process could not be started (its engine failed to load,
@@ -101,7 +111,7 @@ class WorkerConnection:
         label: str,
         with_connector: bool,
     ) -> WorkerConnection:
-        """Spawn ``python -m omni_trio.process.worker`` and wait for it to be ready.
+        """Spawn a worker (``omni_trio.process.worker.main``) and wait for it to be ready.
 
         Raises:
           WorkerStartError: its engine could not be loaded, it exited, or it did not
@@ -112,7 +122,7 @@ class WorkerConnection:
         if with_connector:
             connector, connector_child = socket.socketpair()
         children = [s for s in (control_child, connector_child) if s is not None]
-        command = [sys.executable, "-m", "omni_trio.process.worker"]
+        command = [sys.executable, "-c", _WORKER_MAIN]
         command += ["--control-fd", str(control_child.fileno())]
         if connector_child is not None:
             command += ["--connector-fd", str(connector_child.fileno())]
