@@ -13,6 +13,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ._runtime import exits_on_interrupt
+
 __all__ = ["main"]
 
 
@@ -93,10 +95,10 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from functools import partial
     from pathlib import Path
 
-    import trio
-
+    from ._runtime import run_under_signals
     from .demo.runner import DemoOptions, results_table, run_demo
 
     output = Path(args.output)
@@ -115,7 +117,7 @@ def _demo(args: argparse.Namespace) -> int:
         "own worker process; async_chunk streams through shared memory, forward hands each "
         "stage its predecessor's whole output."
     )
-    results = trio.run(run_demo, options, console)
+    results = run_under_signals(partial(run_demo, options, console))
     console.print(results_table(results))
     console.print(
         "TTFT: first text token; TTFP: first audio packet; E2E: admission to terminal; "
@@ -126,13 +128,13 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import trio
-
+    from ._runtime import run_under_signals
     from .config import ConfigError, load_pipeline
     from .process import WorkerStartError
 
     try:
-        return int(trio.run(_run_one, load_pipeline(args.pipeline), args))
+        config = load_pipeline(args.pipeline)
+        return int(run_under_signals(lambda _stopping: _run_one(config, args)))
     except (ConfigError, WorkerStartError) as exc:  # the pipeline could not start
         print(f"omni-trio run: {exc}", file=sys.stderr)
         return 2
@@ -179,6 +181,7 @@ async def _run_one(config: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+@exits_on_interrupt
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="omni-trio",
