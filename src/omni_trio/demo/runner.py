@@ -176,28 +176,27 @@ class _Level:
         """The level's summary; ``None`` if a graceful stop left it no finished request."""
         count = self.options.requests or max(3, 2 * self.concurrency)
         task = self.progress.add_task(f"{self.mode}, concurrency {self.concurrency}", total=count)
-        limiter = trio.CapacityLimiter(self.concurrency)
+        slots = trio.Semaphore(self.concurrency)
         async with trio.open_nursery() as nursery:
             for index in range(count):
+                await slots.acquire()  # requests start in order, at most concurrency at once
+                if self.stopping.is_set():
+                    break  # a graceful stop: the ones running finish, no other starts
                 # The very first request is shown live, and its audio goes to the WAV.
-                nursery.start_soon(
-                    self._request, index, limiter, task, audio if index == 0 else None
-                )
+                nursery.start_soon(self._request, index, slots, task, audio if index == 0 else None)
         self.progress.remove_task(task)
         if not self.measured:
             return None
         return _summarize(self.mode, self.concurrency, self.measured)
 
     async def _request(
-        self, index: int, limiter: trio.CapacityLimiter, task: Any, audio: bytearray | None
+        self, index: int, slots: trio.Semaphore, task: Any, audio: bytearray | None
     ) -> None:
         prompt = self.options.prompts[index % len(self.options.prompts)]
         live = audio is not None and self.options.live
-        async with limiter:
-            if self.stopping.is_set():
-                return  # a graceful stop: what has not started does not start
-            if live:
-                self.console.print(f"[bold]request 0[/bold] ({self.mode}): {prompt}")
+        if live:
+            self.console.print(f"[bold]request 0[/bold] ({self.mode}): {prompt}")
+        try:
             result = await _one(
                 self.orch,
                 f"{self.mode}-{self.concurrency}-{index}",
@@ -205,6 +204,8 @@ class _Level:
                 on_text=_printer(self.console) if live else None,
                 audio=audio,
             )
+        finally:
+            slots.release()
         if live:
             self.console.out("")
         self.measured.append(result)
