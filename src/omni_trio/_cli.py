@@ -24,6 +24,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ._runtime import exits_on_interrupt
+
 __all__ = ["main"]
 
 
@@ -264,8 +266,9 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    import trio
+    from functools import partial
 
+    from ._runtime import run_under_signals
     from .demo.runner import DemoOptions, results_table, run_demo, template
 
     output = Path(args.output)
@@ -284,7 +287,7 @@ def _demo(args: argparse.Namespace) -> int:
         "own worker process; async_chunk streams through shared memory, forward hands each "
         "stage its predecessor's whole output."
     )
-    results = trio.run(run_demo, options, console)
+    results = run_under_signals(partial(run_demo, options, console))
     console.print(results_table(results))
     console.print(
         "TTFT: first text token; TTFP: first audio packet; E2E: admission to terminal; "
@@ -296,14 +299,16 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import trio
-
+    from ._runtime import run_under_signals
     from .config import ConfigError
     from .process import WorkerStartError
 
     with _import_path(Path(args.pipeline).parent, Path.cwd()):
         try:
-            return int(trio.run(_run_one, args.config, args))
+            grace = args.config.pipeline.shutdown_grace
+            return int(
+                run_under_signals(lambda _stopping: _run_one(args.config, args), grace=grace)
+            )
         except (ConfigError, WorkerStartError) as exc:  # the pipeline could not start
             return _fail(f"omni-trio run: {exc}", 2)
 
@@ -423,6 +428,7 @@ async def _run_one(config: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+@exits_on_interrupt
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``omni-trio ARGV`` (default: ``sys.argv[1:]``); return its exit status (2 for
     a bad argument, whose one line is on stderr; 0 after ``--help`` or ``--version``)."""

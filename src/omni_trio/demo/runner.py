@@ -92,13 +92,12 @@ async def _one(
     orch: Any,
     request_id: str,
     prompt: str,
-    limiter: trio.CapacityLimiter,
     *,
     sample_rate: int,
     on_text: Any = None,
     audio: bytearray | None = None,
 ) -> tuple[float, float, float, float]:
-    async with limiter, orch.open_request(prompt, request_id=request_id) as stream:
+    async with orch.open_request(prompt, request_id=request_id) as stream:
         pcm_bytes = 0
         async for out in stream:
             if out.data is None or out.finish_reason in ("aborted", "error"):
@@ -124,13 +123,24 @@ async def _one(
     )
 
 
-async def run_demo(options: DemoOptions, console: Console) -> list[LevelResult]:
-    """Run every mode at every concurrency; write the first request's audio as a WAV."""
+async def run_demo(
+    options: DemoOptions, console: Console, stopping: trio.Event | None = None
+) -> list[LevelResult]:
+    """Run every mode at every concurrency; write the first request's audio as a WAV.
+
+    Once ``stopping`` is set (a graceful stop: see
+    :func:`omni_trio._runtime.run_under_signals`) no new request starts: the ones in
+    flight run to their end, and the results cover the levels that completed some.
+    """
+    if stopping is None:
+        stopping = trio.Event()
     results: list[LevelResult] = []
     audio = bytearray()
     sample_rate = template().stages[2].sample_rate  # code2wav's, as the config says
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
         for mode in options.modes:
+            if stopping.is_set():
+                break
             config = _configure(options, mode)
             async with (
                 open_process_pipeline(config) as pipeline,
@@ -139,8 +149,14 @@ async def run_demo(options: DemoOptions, console: Console) -> list[LevelResult]:
                 ) as orch,
             ):
                 for concurrency in options.concurrency:
-                    level = _Level(orch, options, mode, concurrency, sample_rate, console, progress)
-                    results.append(await level.run(audio if not results else None))
+                    if stopping.is_set():
+                        break
+                    level = _Level(
+                        orch, options, mode, concurrency, sample_rate, console, progress, stopping
+                    )
+                    result = await level.run(audio if not results else None)
+                    if result is not None:
+                        results.append(result)
     if audio:
         write_wav(options.output, bytes(audio), sample_rate)
     return results
@@ -157,37 +173,44 @@ class _Level:
     sample_rate: int
     console: Console
     progress: Progress
+    stopping: trio.Event
     measured: list[tuple[float, float, float, float]] = attrs.Factory(list)
 
-    async def run(self, audio: bytearray | None) -> LevelResult:
+    async def run(self, audio: bytearray | None) -> LevelResult | None:
+        """The level's summary; ``None`` if a graceful stop left it no finished request."""
         count = self.options.requests or max(3, 2 * self.concurrency)
         task = self.progress.add_task(f"{self.mode}, concurrency {self.concurrency}", total=count)
-        limiter = trio.CapacityLimiter(self.concurrency)
+        slots = trio.Semaphore(self.concurrency)
         async with trio.open_nursery() as nursery:
             for index in range(count):
+                await slots.acquire()  # requests start in order, at most concurrency at once
+                if self.stopping.is_set():
+                    break  # a graceful stop: the ones running finish, no other starts
                 # The very first request is shown live, and its audio goes to the WAV.
-                nursery.start_soon(
-                    self._request, index, limiter, task, audio if index == 0 else None
-                )
+                nursery.start_soon(self._request, index, slots, task, audio if index == 0 else None)
         self.progress.remove_task(task)
+        if not self.measured:
+            return None
         return _summarize(self.mode, self.concurrency, self.measured)
 
     async def _request(
-        self, index: int, limiter: trio.CapacityLimiter, task: Any, audio: bytearray | None
+        self, index: int, slots: trio.Semaphore, task: Any, audio: bytearray | None
     ) -> None:
         prompt = self.options.prompts[index % len(self.options.prompts)]
         live = audio is not None and self.options.live
         if live:
             self.console.print(f"[bold]request 0[/bold] ({self.mode}): {prompt}")
-        result = await _one(
-            self.orch,
-            f"{self.mode}-{self.concurrency}-{index}",
-            prompt,
-            limiter,
-            sample_rate=self.sample_rate,
-            on_text=_printer(self.console) if live else None,
-            audio=audio,
-        )
+        try:
+            result = await _one(
+                self.orch,
+                f"{self.mode}-{self.concurrency}-{index}",
+                prompt,
+                sample_rate=self.sample_rate,
+                on_text=_printer(self.console) if live else None,
+                audio=audio,
+            )
+        finally:
+            slots.release()
         if live:
             self.console.out("")
         self.measured.append(result)

@@ -122,17 +122,29 @@ class _ProcessHandle:
         return exit_reason(await self.process.wait())
 
 
+#: ``python -m omni_trio.process.worker``, but ignoring SIGINT and SIGTERM from its
+#: first line on: a Ctrl-C at the terminal reaches every process of the group, and one
+#: that lands while a worker still imports must not print a ``KeyboardInterrupt``
+#: (the worker's orchestrator decides when it stops; see ``worker.main``).
+_WORKER_MAIN = (
+    "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "import omni_trio.process.worker as w; w.main()"
+)
+
+
 @final
 class ProcessLauncher:
-    """Each worker is ``python -m omni_trio.process.worker`` (the import path of this
-    process, so it imports what we can), its connections inherited socket pairs."""
+    """Each worker is ``omni_trio.process.worker.main`` in a new Python process (with
+    the import path of this process, so it imports what we can, and SIGINT and SIGTERM
+    ignored from its first line), its connections inherited socket pairs."""
 
     backend = "process"
 
     async def launch(self, nursery: trio.Nursery, *, with_connector: bool) -> LaunchedWorker:
         pairs = _socketpairs(with_connector)
         children = [child for _, child in pairs]
-        command = [sys.executable, "-m", "omni_trio.process.worker"]
+        command = [sys.executable, "-c", _WORKER_MAIN]
         command += ["--control-fd", str(children[0].fileno())]
         if with_connector:
             command += ["--connector-fd", str(children[1].fileno())]

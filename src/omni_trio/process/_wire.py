@@ -22,6 +22,7 @@ import trio
 
 __all__ = [
     "MAX_FRAME",
+    "PEER_GONE",
     "Abort",
     "Chunk",
     "Failed",
@@ -46,6 +47,17 @@ __all__ = [
 MAX_FRAME = 64 * 1024 * 1024
 
 _HEADER = struct.Struct(">I")
+
+#: What reading or writing raises when the peer went away: Trio's stream errors (a
+#: socket closed with frames unread is reset: ``ConnectionResetError`` on the next
+#: read, ``BrokenPipeError`` on the next write, both as ``trio.BrokenResourceError``)
+#: and the raw ``OSError``s, for streams that do not translate them.
+PEER_GONE: tuple[type[Exception], ...] = (
+    trio.BrokenResourceError,
+    trio.ClosedResourceError,
+    BrokenPipeError,
+    ConnectionResetError,
+)
 
 
 class ProtocolError(Exception):
@@ -264,5 +276,5 @@ async def write_until_closed(writer: FrameWriter) -> None:
     error here."""
     try:
         await writer.run()
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
+    except PEER_GONE:
         return

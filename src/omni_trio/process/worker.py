@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import math
 import os
+import signal
 import socket
 import sys
 from contextlib import aclosing
@@ -37,6 +38,10 @@ __all__ = ["main"]
 
 #: How many released request ids a worker remembers (see ``_Worker.released``).
 _REMEMBER_RELEASED = 4096
+
+#: What reading from the orchestrator raises once it went away: an end of stream, or
+#: a reset (it closed with frames of ours unread). Either way: exit, quietly.
+_ORCHESTRATOR_GONE: tuple[type[Exception], ...] = (EOFError, *wire.PEER_GONE)
 
 
 class _Request:
@@ -251,7 +256,11 @@ async def _serve(
         chunks = wire.FrameWriter(connector)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(wire.write_until_closed, writer)
-        init, *early = await reader.receive()
+        try:
+            init, *early = await reader.receive()
+        except _ORCHESTRATOR_GONE:
+            nursery.cancel_scope.cancel()
+            return  # the orchestrator went away before it said what to run
         if type(init) is not wire.Init:
             fatal = wire.Fatal(f"expected Init first, got {type(init).__name__}")
             writer.send_nowait(wire.encode(fatal))
@@ -277,8 +286,8 @@ async def _serve(
                     if not worker.handle(message, nursery):
                         return  # Shutdown
                 messages = await reader.receive()
-        except EOFError:
-            pass  # the orchestrator went away
+        except _ORCHESTRATOR_GONE:
+            pass  # the orchestrator went away (a close with frames unread is a reset)
         finally:
             worker.release_all()
             nursery.cancel_scope.cancel()
@@ -286,12 +295,23 @@ async def _serve(
 
 async def _read_notices(connector: trio.SocketStream, worker: _Worker) -> None:
     reader = wire.FrameReader(connector, wire.DECODE_FROM_RELAY)
-    with contextlib.suppress(EOFError, trio.BrokenResourceError):
+    with contextlib.suppress(*_ORCHESTRATOR_GONE):
         while True:
             worker.on_notices(await reader.receive())
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Serve one stage until the orchestrator says ``Shutdown`` or goes away.
+
+    SIGINT and SIGTERM are ignored: a terminal's Ctrl-C, or a ``kill -TERM`` of the
+    whole process group, reaches the workers too, but it is their orchestrator's to
+    decide what happens to a stage -- it tells them (``Shutdown``), or it goes away
+    and their control connection closes; either way a worker exits with status 0,
+    quietly. (Trio installs its ``KeyboardInterrupt`` handler only over Python's
+    default SIGINT handler, so an ignored SIGINT stays ignored under ``trio.run``.)
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     parser = argparse.ArgumentParser(prog="python -m omni_trio.process.worker")
     parser.add_argument("--control-fd", type=int, required=True)
     parser.add_argument("--connector-fd", type=int)
