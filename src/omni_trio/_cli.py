@@ -63,22 +63,25 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _positive_number(text: str) -> float:
+def _finite(text: str) -> float:
+    """``text`` as a number; NaN (refused by every rule) if it is none."""
     try:
         value = float(text)
     except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
+        return math.nan
+    return value if math.isfinite(value) else math.nan
+
+
+def _positive_number(text: str) -> float:
+    value = _finite(text)
+    if not value > 0:
         raise argparse.ArgumentTypeError(f"must be a positive number, got {_shown(text)}")
     return value
 
 
 def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
+    value = _finite(text)
+    if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {_shown(text)}")
     return value
 
