@@ -11,8 +11,8 @@ from omni_trio._core import (
     StageAbort,
     StageRelease,
     StageSubmit,
-    stage_label,
 )
+from omni_trio._util import stage_label
 
 # These tests must not need an event loop; pytest-trio's trio_mode would otherwise
 # run async tests, and there are none here.

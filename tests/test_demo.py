@@ -103,7 +103,7 @@ def test_run_fails_cleanly_when_a_stage_cannot_start(tmp_path, capsys):
     bad.write_text('[[stages]]\nstage_id = 0\nengine = "no_such_module:f"\nfinal_output = true\n')
     assert main(["run", str(bad), "--prompt", "x"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("omni-trio run: stage 0 (stage0): cannot load engine")
+    assert err.startswith("omni-trio run: stage 0: cannot load engine")
     assert "ModuleNotFoundError" in err
 
 

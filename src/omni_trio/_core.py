@@ -22,7 +22,7 @@ import attrs
 
 from ._checks import check_seconds
 from ._messages import OrchOutput, RequestMetrics, StageOutput
-from ._util import describe
+from ._util import describe, stage_label
 
 __all__ = [
     "ForwardFn",
@@ -34,7 +34,6 @@ __all__ = [
     "StageCommand",
     "StageRelease",
     "StageSubmit",
-    "stage_label",
 ]
 
 logger = logging.getLogger("omni_trio")
@@ -44,14 +43,6 @@ PrewarmFn: TypeAlias = Callable[[int, Any], Any]
 """``prewarm_fn(stage_id, prompt) -> placeholder input`` for stage ``stage_id``."""
 ForwardFn: TypeAlias = Callable[[int, list[Any]], Any]
 """``forward_fn(stage_id, outputs) -> input for stage_id + 1``."""
-
-
-def stage_label(stage_id: int, name: object = None) -> str:
-    """How messages name a stage: ``stage 0 (thinker)``, or ``stage 0`` when it has no
-    name (or its name only repeats its index, as the default ``stage0`` does)."""
-    if isinstance(name, str) and name and name != f"stage{stage_id}":
-        return f"stage {stage_id} ({name})"
-    return f"stage {stage_id}"
 
 
 @attrs.frozen

@@ -20,9 +20,18 @@ __all__ = [
     "final",
     "import_object",
     "lazy_exports",
+    "stage_label",
 ]
 
 T = TypeVar("T")
+
+
+def stage_label(stage_id: int, name: object = None) -> str:
+    """How messages name a stage: ``stage 0 (thinker)``, or ``stage 0`` when it has no
+    name (or its name only repeats its index, as the default ``stage0`` does)."""
+    if isinstance(name, str) and name and name != f"stage{stage_id}":
+        return f"stage {stage_id} ({name})"
+    return f"stage {stage_id}"
 
 
 def describe(exc: BaseException) -> str:

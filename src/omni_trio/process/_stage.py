@@ -20,7 +20,7 @@ import trio
 
 from .._errors import unwrap_single_exception
 from .._messages import StageItem, StageOutput
-from .._util import NoPublicConstructor, final, import_object
+from .._util import NoPublicConstructor, final, import_object, stage_label
 from . import _shm
 from . import _wire as wire
 from ._backends import ProcessLauncher, TaskLauncher, WorkerLauncher
@@ -114,7 +114,6 @@ class ProcessStage(metaclass=NoPublicConstructor):
         self._scope = trio.CancelScope()  # the supervisor's: cancelled to close the stage
         self._worker: WorkerConnection | None = None
         self._next_worker = trio.Event()  # set when a period without a worker ends
-        self._gone: str | None = None  # why there will be no worker any more
         self.death_cause: str | None = None
         self._releases_for_next: list[str] = []  # released while there was no worker
         self._started = 0
@@ -127,8 +126,9 @@ class ProcessStage(metaclass=NoPublicConstructor):
 
     @property
     def label(self) -> str:
-        """``stage <id> (<name>)``, as messages name it."""
-        return f"stage {self.stage_id} ({self.name})"
+        """``stage 0 (thinker)`` (``stage 0`` while its name is the default one), as
+        every message names it, the orchestrator's included."""
+        return stage_label(self.stage_id, self.name)
 
     @property
     def pid(self) -> int | None:
@@ -181,7 +181,7 @@ class ProcessStage(metaclass=NoPublicConstructor):
         drops chunks that still arrive for it."""
         if self._worker is not None:
             self._worker.release(request_id)
-        elif self._gone is None:  # restarting: the next worker must drop its chunks too
+        elif self.death_cause is None:  # restarting: the next worker must drop its chunks too
             self._releases_for_next.append(request_id)
         if self._connector is not None:
             self._connector.released(self.stage_id, request_id)
@@ -196,12 +196,12 @@ class ProcessStage(metaclass=NoPublicConstructor):
     async def _wait_for_worker(self) -> WorkerConnection:
         timeout = self.options.startup_timeout
         with trio.move_on_after(timeout):
-            while self._worker is None and self._gone is None:
+            while self._worker is None and self.death_cause is None:
                 await self._next_worker.wait()
         if self._worker is not None:
             return self._worker
-        if self._gone is not None:
-            raise WorkerUnavailableError(f"{self.label} has no worker: {self._gone}")
+        if self.death_cause is not None:
+            raise WorkerUnavailableError(f"{self.label} has no worker any more: {self.death_cause}")
         raise WorkerUnavailableError(
             f"{self.label} has no worker: it is restarting, and no new worker "
             f"was ready within {timeout:g} s (startup_timeout)"
@@ -216,8 +216,6 @@ class ProcessStage(metaclass=NoPublicConstructor):
             with self._scope:
                 await self._keep_a_worker(task_status)
         finally:
-            if self._gone is None:
-                self._gone = "the stage is closed"
             if self.death_cause is None:
                 self.death_cause = "the stage is closed"
             if self._connector is not None:
@@ -265,7 +263,6 @@ class ProcessStage(metaclass=NoPublicConstructor):
                 "%s: its worker died: %s (%d requests lost with it)", self.label, reason, len(lost)
             )
             if not self.options.restart or failed_starts >= MAX_FAILED_STARTS:
-                self._gone = f"its worker died ({reason})"
                 self.death_cause = reason  # "stage 0 (thinker) died: exited with status 3"
                 return  # outputs end: the orchestrator marks the stage dead
             if lost:
