@@ -36,10 +36,8 @@ connector = "{"shm" if async_chunk else "none"}"
     return parse_pipeline(text)
 
 
-def worker_processes():
-    """Pids of this process's live stage workers (any pipeline, any restart)."""
-    mine = str(os.getpid())
-    found = []
+def live_processes():
+    """``(pid, ppid, pgid, cmdline)`` of every live (not zombie) process, from /proc."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -48,10 +46,18 @@ def worker_processes():
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:  # gone meanwhile
             continue
-        state, ppid = fields[0], fields[1]
-        if ppid == mine and state != "Z" and b"omni_trio.process.worker" in cmdline:
-            found.append(int(entry.name))
-    return found
+        if fields[0] != "Z":
+            yield int(entry.name), int(fields[1]), int(fields[2]), cmdline
+
+
+def worker_processes():
+    """Pids of this process's live stage workers (any pipeline, any restart)."""
+    mine = os.getpid()
+    return [
+        pid
+        for pid, ppid, _, cmdline in live_processes()
+        if ppid == mine and b"omni_trio.process.worker" in cmdline
+    ]
 
 
 async def eventually(predicate):

@@ -21,6 +21,7 @@ from omni_trio._runtime import EXIT_INTERRUPTED, exits_on_interrupt, run_under_s
 from omni_trio.demo.runner import DemoOptions, run_demo
 from omni_trio.process import _shm, open_process_stage
 from omni_trio.process import _wire as wire
+from processes import live_processes
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
@@ -44,16 +45,10 @@ def _default_sigint() -> None:
 def _group(pgid: int) -> list[str]:
     """The live (not zombie) processes of process group ``pgid``: pid and command."""
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")[:120]
-        except OSError:  # gone meanwhile
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            found.append(f"{entry.name}: {command.decode(errors='replace')}")
+    for pid, _, group, cmdline in live_processes():
+        if group == pgid:
+            command = cmdline.replace(b"\0", b" ")[:120].decode(errors="replace")
+            found.append(f"{pid}: {command}")
     return found
 
 
