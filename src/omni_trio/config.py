@@ -173,16 +173,17 @@ class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, f
               inconsistent pipeline; the message starts with the key, e.g.
               ``pipeline.max_in_flight: Expected `int` >= 1``.
         """
-        for key in changes:
-            if key not in PipelineSection.__struct_fields__:
-                raise ConfigError(f"pipeline: Object contains unknown field `{key}`")
+        for name in changes:
+            if name not in PipelineSection.__struct_fields__:
+                raise ConfigError(f"pipeline: Object contains unknown field `{name}`")
         fields = msgspec.structs.asdict(self.pipeline) | changes
         try:
             section = msgspec.convert(fields, type=PipelineSection)
         except msgspec.ValidationError as exc:
-            message, at, where = str(exc).rpartition(" - at `")
-            key = _key(where.rstrip("`")) if at else ""
-            raise ConfigError(f"pipeline.{key}: {message}" if key else f"pipeline: {exc}") from None
+            key, message = _located(exc)
+            raise ConfigError(
+                f"pipeline.{key}: {message}" if key else f"pipeline: {message}"
+            ) from None
         config = msgspec.structs.replace(self, pipeline=section)
         _check(config, None)
         return config
@@ -211,6 +212,13 @@ def _key(path: str) -> str:
     return path.removeprefix("$.").removeprefix("$") or "(top level)"
 
 
+def _located(exc: msgspec.ValidationError) -> tuple[str | None, str]:
+    """A validation error as ``(key, message)``: ``("stages[1].x", "Expected ...")``;
+    the key is ``None`` when msgspec names no place."""
+    message, at, where = str(exc).rpartition(" - at `")
+    return (_key(where.rstrip("`")), message) if at else (None, str(exc))
+
+
 def parse_pipeline(text: str, *, source: str = "<config>") -> PipelineConfig:
     """Parse and check a TOML pipeline config.
 
@@ -221,10 +229,10 @@ def parse_pipeline(text: str, *, source: str = "<config>") -> PipelineConfig:
     try:
         config = msgspec.toml.decode(text, type=PipelineConfig)
     except msgspec.ValidationError as exc:
-        message, at, where = str(exc).rpartition(" - at `")
-        if at:
-            raise ConfigError(f"{source}: {_key(where.rstrip('`'))}: {message}") from None
-        raise ConfigError(f"{source}: {exc}") from None
+        key, message = _located(exc)
+        raise ConfigError(
+            f"{source}: {key}: {message}" if key else f"{source}: {message}"
+        ) from None
     except msgspec.DecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
     _check_runtime_keys(text, source)

@@ -1,7 +1,9 @@
 """A stage worker: one process running one stage's engine under Trio.
 
-Started by :func:`omni_trio.process.open_process_stage` as
-``python -m omni_trio.process.worker --control-fd N [--connector-fd M]``; an
+Started by :func:`omni_trio.process.open_process_stage` as a Python process running
+:func:`main` with ``--control-fd N [--connector-fd M]`` (as ``python -m
+omni_trio.process.worker`` would, with SIGINT and SIGTERM ignored from its first
+line); an
 in-process stage (:func:`omni_trio.process.open_inprocess_stage`) runs its ``_serve``
 in a task instead, over socket pairs, the same in every other way. The control
 connection carries frames from the orchestrator (``Init`` first, then ``Submit``,
