@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
 from typing import Protocol
@@ -31,7 +32,6 @@ import trio
 
 from .._util import describe, final
 from . import worker as _worker
-from ._connection import exit_reason
 from ._engine import EngineFactory
 
 __all__ = [
@@ -103,6 +103,17 @@ def _close(sockets: list[socket.socket | None]) -> None:
 
 
 # -- processes ------------------------------------------------------------------------------
+
+
+def exit_reason(code: int) -> str:
+    """A worker's exit status, said as the reason it is gone: ``exited with status 3``,
+    ``killed by SIGKILL``."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:  # pragma: no cover
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
 
 
 @final

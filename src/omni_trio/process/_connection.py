@@ -12,7 +12,6 @@ business (:class:`omni_trio.process.ProcessStage`).
 from __future__ import annotations
 
 import contextlib
-import signal
 import socket
 from typing import TYPE_CHECKING
 
@@ -23,7 +22,7 @@ from .._util import describe, final
 from . import _wire as wire
 from ._options import WorkerOptions
 
-if TYPE_CHECKING:  # the launchers use this module's exit_reason
+if TYPE_CHECKING:  # the launchers import this module
     from ._backends import LaunchedWorker, WorkerLauncher
 
 __all__ = ["WorkerConnection", "WorkerStartError"]
@@ -38,17 +37,6 @@ CLOSED = "its control connection closed"
 class WorkerStartError(RuntimeError):
     """A stage's worker (process or task) could not be started (its engine failed to
     load, it exited, or it did not answer in time)."""
-
-
-def exit_reason(code: int) -> str:
-    """A worker's exit status, said as the reason it is gone: ``exited with status 3``,
-    ``killed by SIGKILL``."""
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:  # pragma: no cover
-            return f"killed by signal {-code}"
-    return f"exited with status {code}"
 
 
 @final

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 import trio
@@ -380,7 +380,6 @@ async def open_process_stage(
     async with _open_stage(
         _importable_path(engine),
         ProcessLauncher(),
-        "process",
         stage_id=stage_id,
         name=name,
         engine_args=engine_args,
@@ -438,7 +437,6 @@ async def open_inprocess_stage(
     async with _open_stage(
         _factory_path(engine),
         TaskLauncher(factory),
-        "inprocess",
         stage_id=stage_id,
         name=name,
         engine_args=engine_args,
@@ -453,7 +451,6 @@ async def open_inprocess_stage(
 async def _open_stage(
     engine: str,
     launcher: WorkerLauncher,
-    backend: Literal["process", "inprocess"],
     *,
     stage_id: int,
     name: str | None,
@@ -462,6 +459,7 @@ async def _open_stage(
     connector: ShmConnector | None,
     options: WorkerOptions | None,
 ) -> AsyncIterator[ProcessStage]:
+    backend = launcher.backend
     if options is None:
         options = WorkerOptions(backend=backend)
     elif not isinstance(options, WorkerOptions):
