@@ -261,6 +261,18 @@ class TestFaultMatrix:
             assert trio.current_time() == 0
             assert stream.terminal.finish_reason == "aborted"
 
+    async def test_abort_in_a_cancelled_scope_is_done_then_raises(self):
+        """As ``aclose``: cleanup code with no time left still ends the request."""
+        stages = pipeline()
+        async with orchestrated(stages) as orch:
+            await orch.add_request("r", "p")
+            with trio.CancelScope() as scope:
+                scope.cancel()
+                await orch.abort("r")
+                pytest.fail("abort must raise Cancelled in a cancelled scope")  # pragma: no cover
+            assert scope.cancelled_caught
+            assert terminal_of(await collect_outputs(orch), "r").finish_reason == "aborted"
+
     async def test_a_zero_grace_still_aborts_a_stream_left_early(self, autojump_clock):
         """A ``shutdown_grace`` of 0 leaves no time to wait for the terminal, but the
         abort is handed over: the request ends now, not at the shutdown."""

@@ -165,24 +165,8 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         finally:
             if not stream._take_ready():  # left early: bounded and shielded
                 with trio.move_on_after(self._shutdown_grace, shield=True):
-                    await self._abort_left(rid)
+                    await self.abort(rid)  # (after shutdown: it was aborted already)
                     await stream._wait_for_terminal()
-
-    async def _abort_left(self, request_id: str) -> None:
-        """:meth:`abort` for a stream left early, handed over at once when the inbox
-        has room: even a ``shutdown_grace`` of 0, whose deadline has passed before
-        any wait, ends the request now rather than at the shutdown."""
-        if self._closed:  # the shutdown aborted it already
-            await trio.lowlevel.checkpoint()
-            return
-        try:
-            self._inbox_send.send_nowait(AbortRequest(request_id))
-        except trio.WouldBlock:
-            await self.abort(request_id)
-        except trio.BrokenResourceError:
-            pass  # shut down meanwhile: every request was aborted
-        else:
-            await trio.lowlevel.checkpoint()
 
     async def next_output(self) -> OrchOutput:
         """Wait for the next output of a request admitted with :meth:`add_request`.
@@ -213,13 +197,23 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         all the final data, and it carries the last of it.
 
         Aborting an unknown or already-ended request, or after shutdown, is a no-op.
+
+        Like ``aclose``, it is done even in a cancelled scope when it can be done at
+        once (the orchestrator's inbox has room), and then raises ``Cancelled``: an
+        abort is cleanup, and a ``finally`` block with no time left -- a stream left
+        with ``shutdown_grace=0`` -- still ends the request now, not at the shutdown.
         """
         check_request_id(request_id)
-        if self._closed:
-            await trio.lowlevel.checkpoint()
-            return
-        with contextlib.suppress(trio.BrokenResourceError):  # shut down meanwhile:
-            await self._inbox_send.send(AbortRequest(request_id))  # every request was aborted
+        if not self._closed:
+            try:
+                self._inbox_send.send_nowait(AbortRequest(request_id))
+            except trio.WouldBlock:
+                with contextlib.suppress(trio.BrokenResourceError):  # see below
+                    await self._inbox_send.send(AbortRequest(request_id))
+                return
+            except trio.BrokenResourceError:
+                pass  # shut down meanwhile: every request was aborted
+        await trio.lowlevel.checkpoint()
 
     async def drain(self) -> None:
         """Wait until no request is in flight.
