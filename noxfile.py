@@ -48,8 +48,8 @@ _expose_pyenv_pythons()
 
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
-    """The whole test suite."""
-    session.install("-e", ".[test]")
+    """The whole test suite (the server's tests included: the serve extra)."""
+    session.install("-e", ".[test,serve]")
     session.run("pytest", *session.posargs)
 
 
@@ -72,14 +72,14 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on the package (checked as Python 3.10, the oldest supported)."""
     # the 3.10-only dependencies, and the bench extras the benchmark code imports
-    session.install("mypy", "-e", ".[bench]", "exceptiongroup", "taskgroup")
+    session.install("mypy", "-e", ".[bench,serve]", "exceptiongroup", "taskgroup")
     session.run("mypy", "--strict", "src")
 
 
 @nox.session(python="3.12")
 def docs(session: nox.Session) -> None:
     """Build the Sphinx docs; any warning fails the build."""
-    session.install("-e", ".[docs]")
+    session.install("-e", ".[docs,serve]")
     session.run(
         "sphinx-build", "-W", "--keep-going", "-q", "-b", "html", "docs", "docs/_build/html"
     )

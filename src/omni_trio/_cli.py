@@ -176,6 +176,79 @@ def _check_run(args: argparse.Namespace) -> None:
             raise _UsageError(f"--prompt-file must hold a prompt, {name} is empty")
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number 0-65535, got {_shown(text)}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {_shown(text)}")
+    return value
+
+
+def _check_serve(args: argparse.Namespace) -> None:
+    from .config import ConfigError, load_pipeline
+
+    missing = [m for m in ("hypercorn", "starlette", "prometheus_client") if not _importable(m)]
+    if missing:
+        raise _UsageError(
+            f"needs the serve extra ({', '.join(missing)} missing): pip install 'omni-trio[serve]'"
+        )
+    try:
+        if args.pipeline is None:
+            from .demo.runner import template
+
+            args.config = template()
+        else:
+            args.config = load_pipeline(args.pipeline)
+        overrides = {
+            key: getattr(args, key)
+            for key in ("stage_idle_timeout", "max_in_flight", "shutdown_grace")
+            if getattr(args, key) is not None
+        }
+        if overrides:
+            args.config = args.config.with_pipeline(**overrides)
+    except ConfigError as exc:
+        raise _UsageError(str(exc)) from None
+    _check_address(args.host, args.port)
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def _check_address(host: str, port: int) -> None:
+    """Bind ``host:port`` for a moment, as the server will (so a port in use is said
+    now, not after the stages started)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise _UsageError(f"--host must be an address of this machine, {host!r}: {exc}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise _UsageError(
+                f"--port must be free on {host}, {port} is not: {exc.strerror or exc}"
+            ) from None
+
+
 def _compare(args: argparse.Namespace) -> int:
     from importlib.metadata import version
 
@@ -314,6 +387,54 @@ def _run(args: argparse.Namespace) -> int:
             )
         except (ConfigError, WorkerStartError) as exc:  # the pipeline could not start
             return _fail(f"omni-trio run: {exc}", 2)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from functools import partial
+
+    from ._runtime import run_under_signals
+    from .config import ConfigError
+    from .process import WorkerStartError
+
+    config = args.config
+    grace = config.pipeline.shutdown_grace
+    directories = (
+        [Path.cwd()] if args.pipeline is None else [Path(args.pipeline).parent, Path.cwd()]
+    )
+    with _import_path(*directories):
+        try:
+            # The server drains within the grace; what runs past twice that (the
+            # orchestrator's and the workers' own bounded shutdowns) is cancelled.
+            run_under_signals(partial(_serve_main, config, args), grace=2 * grace + 5.0)
+        except (ConfigError, WorkerStartError) as exc:  # the pipeline could not start
+            return _fail(f"omni-trio serve: {exc}", 2)
+    return 0
+
+
+async def _serve_main(config: Any, args: argparse.Namespace, stopping: Any) -> None:
+    from functools import partial
+
+    import trio
+
+    from .serve import app_for_config, serve
+
+    app = app_for_config(config, max_waiting=args.max_waiting)
+    names = " -> ".join(s.label for s in config.stages)
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(
+            partial(
+                serve,
+                app,
+                host=args.host,
+                port=args.port,
+                stopping=stopping,
+                shutdown_grace=config.pipeline.shutdown_grace,
+            )
+        )
+        print(
+            f"omni-trio serve: {config.pipeline.name} ({names}, {config.mode}) on {url}",
+            flush=True,
+        )
 
 
 def _fail(message: str, status: int) -> int:
@@ -542,6 +663,40 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "audio data as base64",
     )
     run.set_defaults(run=_run, check=_check_run)
+    serve = commands.add_parser(
+        "serve",
+        help="an OpenAI-compatible streaming server for a pipeline (the serve extra)",
+        description="Serve PIPELINE (a TOML config; default: the demo pipeline) over HTTP: "
+        "POST /v1/chat/completions (streamed or not, text and audio), GET /v1/models, "
+        "/health, /metrics. SIGTERM drains: requests in flight finish within "
+        "shutdown_grace, new ones get 503. See docs/serving.md.",
+    )
+    serve.add_argument("pipeline", metavar="PIPELINE.toml", nargs="?")
+    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+    serve.add_argument("--port", type=_port, default=8000, help="0: any free port")
+    serve.add_argument(
+        "--max-waiting",
+        type=_count,
+        default=64,
+        metavar="N",
+        help="requests that may wait for a max_in_flight slot; more get 503 at once",
+    )
+    serve.add_argument(
+        "--max-in-flight", type=_positive_int, metavar="N", help="overrides [pipeline]"
+    )
+    serve.add_argument(
+        "--stage-idle-timeout",
+        type=_positive_number,
+        metavar="SECONDS",
+        help="overrides [pipeline]",
+    )
+    serve.add_argument(
+        "--shutdown-grace",
+        type=_seconds,
+        metavar="SECONDS",
+        help="how long a drain lets requests in flight run (overrides [pipeline])",
+    )
+    serve.set_defaults(run=_serve, check=_check_serve)
     args, extra = parser.parse_known_args(argv)
     command = commands.choices[args.command]
     if extra:  # said by the subcommand, as argparse would not

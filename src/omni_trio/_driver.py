@@ -108,8 +108,10 @@ class OrchestratorBase:
         slots: Slots | None,
         send_command: Callable[[StageCommand], None],
         logger: logging.Logger,
+        max_in_flight: int | None,
     ) -> None:
         self._core = core
+        self._max_in_flight = max_in_flight
         self._results = results
         self._dispatch = Dispatcher(
             core,
@@ -134,6 +136,11 @@ class OrchestratorBase:
     def last_stage(self) -> int:
         """``max(final_stage_ids)``; later stages are never submitted."""
         return self._core.last_stage
+
+    @property
+    def max_in_flight(self) -> int | None:
+        """Requests in flight at once before admissions wait; ``None``: no limit."""
+        return self._max_in_flight
 
     @property
     def dropped_outputs(self) -> int:

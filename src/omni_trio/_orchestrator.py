@@ -92,6 +92,7 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
             slots=None if max_in_flight is None else trio.Semaphore(max_in_flight),
             send_command=self._queue_command,
             logger=logger,
+            max_in_flight=max_in_flight,
         )
         self._draining = AsyncValue(0)  # drain() calls in progress
         self._shielded = trio.CancelScope(shield=True)

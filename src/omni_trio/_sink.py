@@ -153,6 +153,24 @@ class StreamBase:
             if output.finished:
                 self.terminal = output
 
+    async def receive_batch(self) -> list[OrchOutput]:
+        """Wait for the request's next output, then take every output already there
+        too, up to the terminal: one cancellation point for the lot.
+
+        A consumer that writes to a socket sends one write per batch instead of one
+        per output.
+
+        Raises:
+          trio.EndOfChannel: (the asyncio twin: ``EndOfOutputs``) the terminal output
+              was already received.
+        """
+        batch = [await self.receive()]
+        if self.terminal is None:
+            batch += self._outbox.take_ready()
+            if batch[-1].finished:
+                self.terminal = batch[-1]
+        return batch
+
     async def receive(self) -> OrchOutput:
         """The request's next output.
 

@@ -199,6 +199,7 @@ class AsyncioOrchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
             slots=None if max_in_flight is None else asyncio.Semaphore(max_in_flight),
             send_command=lambda command: self._commands[command.stage_id].put_nowait(command),
             logger=logger,
+            max_in_flight=max_in_flight,
         )
         self._draining = 0
         self._drain_over = asyncio.Event()

@@ -1,0 +1,156 @@
+"""The Starlette application: routes, and the pipeline in its lifespan."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import TYPE_CHECKING
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ._chat import ChatResponse, Plan
+from ._metrics import CONTENT_TYPE
+from ._model import ServedModel
+from ._protocol import Model, ModelList, OpenAIError, decode_request, encode
+from ._state import ServerState
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp
+
+    from .._orchestrator import Orchestrator
+    from ..config import PipelineConfig
+
+__all__ = ["DEFAULT_MAX_WAITING", "app_for_config", "create_app", "server_state"]
+
+#: Requests that may wait for a ``max_in_flight`` slot before more get 503.
+DEFAULT_MAX_WAITING = 64
+
+OpenPipeline = Callable[[], AbstractAsyncContextManager["Orchestrator"]]
+
+
+def _json(body: object, status: int = 200) -> Response:
+    return Response(encode(body), status, media_type="application/json")
+
+
+def _error(exc: OpenAIError) -> Response:
+    headers = {"retry-after": "1"} if exc.status == 503 else None
+    return Response(encode(exc.body()), exc.status, headers, media_type="application/json")
+
+
+def create_app(
+    model: ServedModel,
+    open_pipeline: OpenPipeline,
+    *,
+    max_waiting: int = DEFAULT_MAX_WAITING,
+) -> Starlette:
+    """An OpenAI-compatible ASGI app serving ``model``.
+
+    Args:
+      model: The name clients ask for and the pipeline's final outputs.
+      open_pipeline: Called once, in the app's lifespan: an async context manager
+          whose value is the running :class:`~omni_trio.Orchestrator` (for a config,
+          :func:`app_for_config` starts its stages and the orchestrator). The app is
+          ready (``/health`` 200) once it has entered, and it is left when the server
+          stops.
+      max_waiting: With the orchestrator's ``max_in_flight`` reached, how many more
+          requests may wait for a slot; beyond that a request gets 503 at once.
+
+    Raises:
+      ValueError: ``max_waiting`` is negative.
+    """
+    if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
+        raise ValueError(f"max_waiting must be an integer >= 0, got {max_waiting!r}")
+    state = ServerState(model, max_waiting)
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        started = False
+        try:
+            async with open_pipeline() as orchestrator:
+                labels = [
+                    getattr(stage, "name", None) or f"stage{index}"
+                    for index, stage in enumerate(orchestrator._stages)
+                ]
+                state.metrics.watch(orchestrator.statistics, labels)
+                state.orchestrator = orchestrator
+                started = True
+                try:
+                    yield
+                finally:
+                    state.orchestrator = None
+                    state.metrics.watch(None, [])
+        except Exception as exc:
+            if not started:  # the server reports it as it is, not as a lifespan failure
+                state.startup_error = exc
+            raise
+
+    async def health(request: Request) -> Response:
+        if state.ready:
+            return Response(status_code=200)
+        return Response(b"draining" if state.draining else b"starting", 503)
+
+    async def models(request: Request) -> Response:
+        return _json(ModelList(data=[Model(id=model.name, created=created)]))
+
+    async def metrics(request: Request) -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    def _plan(body: bytes) -> Plan:
+        chat_request = decode_request(body)
+        if chat_request.model != model.name:
+            raise OpenAIError(
+                404,
+                f"the model {chat_request.model!r} does not exist: this server "
+                f"serves {model.name!r}",
+                param="model",
+                code="model_not_found",
+            )
+        return Plan.of(chat_request, model.select(chat_request.modalities))
+
+    async def chat(request: Request) -> ASGIApp:
+        try:
+            plan = _plan(await request.body())
+        except OpenAIError as exc:
+            return _error(exc)
+        return ChatResponse(state, plan)
+
+    app = Starlette(
+        routes=[
+            Route("/health", health, methods=["GET"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.omni_trio = state
+    return app
+
+
+def server_state(app: Starlette) -> ServerState:
+    """The state :func:`create_app` keeps on ``app`` (for the server and tests)."""
+    state: ServerState = app.state.omni_trio
+    return state
+
+
+def app_for_config(config: PipelineConfig, *, max_waiting: int = DEFAULT_MAX_WAITING) -> Starlette:
+    """:func:`create_app` for a pipeline config: its lifespan starts the config's
+    stages (:func:`~omni_trio.process.open_process_pipeline`) and an orchestrator
+    over them with the config's options."""
+    from .. import open_orchestrator
+    from ..process import open_process_pipeline
+
+    @asynccontextmanager
+    async def open_pipeline() -> AsyncIterator[Orchestrator]:
+        async with (
+            open_process_pipeline(config) as pipeline,
+            open_orchestrator(*pipeline.orchestrator_args, **pipeline.orchestrator_kwargs) as orch,
+        ):
+            yield orch
+
+    return create_app(ServedModel.from_config(config), open_pipeline, max_waiting=max_waiting)

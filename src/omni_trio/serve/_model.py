@@ -1,0 +1,105 @@
+"""What the server needs to know of a pipeline: its name and its final outputs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Literal
+
+import attrs
+
+from .._util import final
+from ._protocol import OpenAIError
+
+if TYPE_CHECKING:
+    from ..config import PipelineConfig
+
+__all__ = ["FinalOutput", "ServedModel"]
+
+Modality = Literal["text", "audio"]
+
+
+@final
+@attrs.frozen
+class FinalOutput:
+    """One user-facing stage as the API shows it.
+
+    Attributes:
+      stage_id: The stage.
+      modality: ``"text"`` (its outputs are text deltas, ``str``) or ``"audio"`` (its
+          outputs are 16-bit mono little-endian PCM, ``bytes``).
+      label: Its name in metrics and messages.
+      sample_rate: Hz of an audio stage's PCM.
+    """
+
+    stage_id: int
+    modality: Modality
+    label: str = ""
+    sample_rate: int = 24_000
+
+    def __attrs_post_init__(self) -> None:
+        if not self.label:
+            object.__setattr__(self, "label", f"stage{self.stage_id}")
+
+
+def _as_tuple(outputs: Iterable[FinalOutput]) -> tuple[FinalOutput, ...]:
+    return tuple(outputs)
+
+
+@final
+@attrs.frozen
+class ServedModel:
+    """A pipeline as the OpenAI-compatible API shows it.
+
+    Attributes:
+      name: The ``model`` clients ask for (a config's ``[pipeline].name``).
+      outputs: The pipeline's final stages, each with its modality.
+    """
+
+    name: str
+    outputs: tuple[FinalOutput, ...] = attrs.field(converter=_as_tuple)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.outputs:
+            raise ValueError("a served model needs at least one final output")
+
+    @classmethod
+    def from_config(cls, config: PipelineConfig) -> ServedModel:
+        """The model a pipeline config describes: its name, and each final stage with
+        its ``final_output_type`` and ``sample_rate``."""
+        outputs = tuple(
+            FinalOutput(s.stage_id, s.final_output_type, s.label, s.sample_rate)
+            for s in config.stages
+            if s.final_output
+        )
+        return cls(config.pipeline.name, outputs)
+
+    @property
+    def modalities(self) -> list[Modality]:
+        return sorted({o.modality for o in self.outputs})
+
+    def select(self, modalities: Iterable[str] | None) -> tuple[FinalOutput, ...]:
+        """The final outputs a request's ``modalities`` asks for (``None``: all).
+
+        Raises:
+          OpenAIError: 400, a modality that is unknown or that this model lacks.
+        """
+        if modalities is None:
+            return self.outputs
+        wanted = list(modalities)
+        if not wanted:
+            raise OpenAIError(400, "modalities must not be empty", param="modalities")
+        for modality in wanted:
+            if modality not in ("text", "audio"):
+                raise OpenAIError(
+                    400,
+                    f"unknown modality {modality!r}: the modalities are 'text' and 'audio'",
+                    param="modalities",
+                )
+            if modality not in self.modalities:
+                raise OpenAIError(
+                    400,
+                    f"model {self.name!r} has no {modality} output "
+                    f"(it has: {', '.join(self.modalities)})",
+                    param="modalities",
+                )
+        return tuple(o for o in self.outputs if o.modality in wanted)

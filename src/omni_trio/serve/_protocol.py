@@ -1,0 +1,264 @@
+"""The wire shapes of the OpenAI-compatible API, as msgspec structs.
+
+Requests are decoded strictly where it matters (types, ranges, the content part
+types we understand) and leniently where OpenAI clients send more than we use:
+unknown top-level fields (``temperature``, ``user``...) are accepted and ignored.
+Responses are structs too, encoded with every field OpenAI documents present
+(``null`` where it has no value), except a chunk's ``delta``, which carries only what
+it has, as OpenAI's do.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+import msgspec
+
+__all__ = [
+    "AudioDelta",
+    "AudioParams",
+    "ChatCompletion",
+    "ChatCompletionChunk",
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "Choice",
+    "ChunkChoice",
+    "Delta",
+    "ErrorBody",
+    "ErrorResponse",
+    "Message",
+    "MessageAudio",
+    "Metrics",
+    "Model",
+    "ModelList",
+    "OpenAIError",
+    "StreamOptions",
+    "TextPart",
+    "Usage",
+    "decode_request",
+    "encode",
+]
+
+
+class OpenAIError(Exception):
+    """An error the client is told about as an OpenAI error object.
+
+    Attributes:
+      status: The HTTP status.
+      message: Says what was wrong, naming the field where there is one.
+      type: OpenAI's error type (``invalid_request_error``, ``server_error``...).
+      param: The offending field, if any.
+      code: A machine-readable code, if any.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> ErrorResponse:
+        return ErrorResponse(ErrorBody(self.message, self.type, self.param, self.code))
+
+
+class ErrorBody(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(msgspec.Struct):
+    """``{"error": {"message", "type", "param", "code"}}``."""
+
+    error: ErrorBody
+
+
+# -- requests -------------------------------------------------------------------------
+
+
+class TextPart(msgspec.Struct, tag_field="type", tag="text"):
+    """``{"type": "text", "text": ...}``: the one content part type we take."""
+
+    text: str
+
+
+class ChatMessage(msgspec.Struct):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class AudioParams(msgspec.Struct):
+    format: Literal["wav", "pcm16"] = "wav"
+    voice: str | None = None
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(msgspec.Struct, kw_only=True):
+    """``POST /v1/chat/completions``: the fields we use; others are ignored."""
+
+    model: str
+    messages: list[ChatMessage]
+    modalities: list[str] | None = None
+    audio: AudioParams | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+    @property
+    def token_limit(self) -> int | None:
+        """``max_completion_tokens``, or the older ``max_tokens``."""
+        return self.max_completion_tokens or self.max_tokens
+
+    def prompt(self) -> str:
+        """The text of the last user message: what the pipeline's first stage gets."""
+        for message in reversed(self.messages):
+            if message.role == "user":
+                text = message.text()
+                if not text.strip():
+                    raise OpenAIError(400, "the last user message has no text", param="messages")
+                return text
+        raise OpenAIError(400, "messages has no message with role 'user'", param="messages")
+
+
+_decoder = msgspec.json.Decoder(ChatCompletionRequest)
+_PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+
+
+def decode_request(body: bytes) -> ChatCompletionRequest:
+    """Decode and check a chat completion request body.
+
+    Raises:
+      OpenAIError: 400, saying what is wrong and where (``param``: the field's path).
+    """
+    try:
+        request = _decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        match = _PATH.search(text)
+        param = match["path"] if match else None
+        message = text if match is None else f"{param}: {text[: match.start()]}"
+        raise OpenAIError(400, message, param=param or None) from None
+    except msgspec.DecodeError as exc:
+        raise OpenAIError(400, f"the request body is not valid JSON: {exc}") from None
+    if not request.messages:
+        raise OpenAIError(400, "messages must not be empty", param="messages")
+    return request
+
+
+# -- responses ------------------------------------------------------------------------
+
+
+class Usage(msgspec.Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AudioDelta(msgspec.Struct):
+    """``choices[0].delta.audio`` of a streamed chunk: one chunk of audio, base64."""
+
+    id: str
+    data: str
+
+
+class Delta(msgspec.Struct, omit_defaults=True):
+    role: str | None = None
+    content: str | None = None
+    audio: AudioDelta | None = None
+
+
+class ChunkChoice(msgspec.Struct):
+    index: int
+    delta: Delta
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(msgspec.Struct, kw_only=True):
+    """One ``data:`` event of a streamed response."""
+
+    id: str
+    object: str = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+
+
+class MessageAudio(msgspec.Struct):
+    """``choices[0].message.audio``: all of the audio, base64."""
+
+    id: str
+    data: str
+    expires_at: int
+    transcript: str
+
+
+class Message(msgspec.Struct):
+    content: str | None
+    role: str = "assistant"
+    audio: MessageAudio | None = None
+
+
+class Choice(msgspec.Struct):
+    index: int
+    message: Message
+    finish_reason: str
+
+
+class Metrics(msgspec.Struct):
+    """The request's timings in seconds (``None``: that output never came)."""
+
+    time_to_first_token: float | None
+    time_to_first_audio: float | None
+    e2e_latency: float
+
+
+class ChatCompletion(msgspec.Struct, kw_only=True):
+    """A whole (non-streamed) response; ``metrics`` is ours, beyond OpenAI's shape."""
+
+    id: str
+    object: str = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    metrics: Metrics
+
+
+class Model(msgspec.Struct, kw_only=True):
+    id: str
+    object: str = "model"
+    created: int
+    owned_by: str = "omni_trio"
+
+
+class ModelList(msgspec.Struct, kw_only=True):
+    object: str = "list"
+    data: list[Model]
+
+
+_encoder = msgspec.json.Encoder()
+encode = _encoder.encode

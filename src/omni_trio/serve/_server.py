@@ -1,0 +1,102 @@
+"""Serving an app with Hypercorn's Trio worker, and draining it on a graceful stop."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from functools import partial
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve as hypercorn_serve
+from hypercorn.utils import LifespanFailureError
+from starlette.applications import Starlette
+
+from .._checks import check_seconds
+from .._errors import unwrap_single_exception
+from ._app import server_state
+from ._state import ServerState
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
+
+__all__ = ["DEFAULT_PORT", "serve"]
+
+DEFAULT_PORT = 8000
+#: Seconds the server gives open connections to take their last bytes once it stops.
+_CLOSE_GRACE = 2.0
+logger = logging.getLogger("omni_trio.serve")
+
+
+def _bind(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def serve(
+    app: Starlette,
+    *,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    stopping: trio.Event | None = None,
+    shutdown_grace: float = 5.0,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` (from :func:`create_app`) over HTTP until cancelled or stopped.
+
+    Start it with ``url = await nursery.start(partial(serve, app, port=0))``: it
+    reports its URL (``http://127.0.0.1:PORT``, with the port the system chose for
+    ``port=0``) once the app's lifespan has started the pipeline and the socket
+    listens.
+
+    Setting ``stopping`` is a graceful stop (what ``omni-trio serve`` does on
+    SIGTERM): ``/health`` and new requests get 503 at once, the requests in flight
+    get up to ``shutdown_grace`` seconds to finish, and the rest are ended (each
+    client is told, each request aborted at its stages); then the listener closes,
+    the lifespan ends (the orchestrator and the stages shut down), and this returns.
+    Cancelling it ends everything at once, the same way, without the grace.
+
+    Raises:
+      OSError: the address could not be bound.
+      Exception: what the app's lifespan raised starting the pipeline (a
+          :class:`~omni_trio.process.WorkerStartError`, say), as it raised it.
+      ValueError: ``shutdown_grace`` is not a number of seconds >= 0.
+    """
+    check_seconds("shutdown_grace", shutdown_grace, positive=False)
+    state = server_state(app)
+    config = Config()
+    config.bind = [_bind(host, port)]
+    config.accesslog = None
+    config.errorlog = logger  # no "Running on ..." banner; errors still reach logging
+    config.graceful_timeout = _CLOSE_GRACE
+    config.startup_timeout = 600.0  # the stages' own start timeouts bound it
+    config.shutdown_timeout = 600.0  # the orchestrator's and stages' graces bound it
+    trigger = None if stopping is None else partial(_drain, state, stopping, shutdown_grace)
+    try:
+        with unwrap_single_exception():
+            async with trio.open_nursery() as nursery:
+                urls = await nursery.start(
+                    partial(hypercorn_serve, app, config, shutdown_trigger=trigger)  # type: ignore[arg-type]
+                )
+                task_status.started(urls[0])
+    except BaseException as exc:
+        error = state.startup_error
+        if error is not None and _lifespan_failed(exc):
+            raise error from None  # the pipeline's own error, not Hypercorn's wrapping
+        raise
+
+
+def _lifespan_failed(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_lifespan_failed(e) for e in exc.exceptions)
+    return isinstance(exc, LifespanFailureError)
+
+
+async def _drain(state: ServerState, stopping: trio.Event, grace: float) -> None:
+    """Return (so Hypercorn closes its listener) once a graceful stop is done."""
+    await stopping.wait()
+    state.draining = True
+    with trio.move_on_after(grace):
+        await state.wait_idle()
+    state.cancel_all()
+    with trio.move_on_after(_CLOSE_GRACE):
+        await state.wait_idle()

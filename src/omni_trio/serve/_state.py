@@ -1,0 +1,152 @@
+"""A server's state: its orchestrator, whether it takes requests, who is in flight.
+
+Every change happens in the one Trio thread, between checkpoints, so none needs a lock.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import attrs
+import trio
+from trio_util import AsyncValue
+
+from ._metrics import ServerMetrics
+from ._protocol import OpenAIError
+
+if TYPE_CHECKING:
+    from .._messages import OrchOutput
+    from .._orchestrator import Orchestrator
+    from ._chat import Plan
+    from ._model import ServedModel
+
+__all__ = ["ServerState", "Ticket"]
+
+
+@attrs.define(eq=False)
+class ServerState:
+    """What the app's handlers share.
+
+    Attributes:
+      model: What the server serves.
+      max_waiting: Requests that may wait for a ``max_in_flight`` slot before more
+          are refused with 503.
+      orchestrator: Set while the app's lifespan runs.
+      draining: ``True`` once a graceful stop began: ``/health`` and new requests
+          get 503.
+    """
+
+    model: ServedModel
+    max_waiting: int
+    metrics: ServerMetrics = attrs.field(init=False)
+    orchestrator: Orchestrator | None = None
+    draining: bool = False
+    running: int = 0
+    waiting: int = 0
+    #: Chat requests being handled (waiting or running): a drain waits for 0.
+    active: AsyncValue = attrs.field(factory=lambda: AsyncValue(0))
+    tickets: set[Ticket] = attrs.field(factory=set)
+    #: Why the lifespan failed to start the pipeline, if it did.
+    startup_error: Exception | None = None
+
+    def __attrs_post_init__(self) -> None:
+        self.metrics = ServerMetrics(self.model)
+
+    @property
+    def ready(self) -> bool:
+        return self.orchestrator is not None and not self.draining
+
+    def enter(self) -> Ticket:
+        """Take a place for a new chat request, waiting or running.
+
+        Raises:
+          OpenAIError: 503 while starting or draining, or when ``max_in_flight``
+              requests run and ``max_waiting`` more wait.
+        """
+        if self.draining:
+            raise OpenAIError(
+                503,
+                "the server is shutting down and takes no new requests",
+                type="server_error",
+                code="server_shutting_down",
+            )
+        if self.orchestrator is None:
+            raise OpenAIError(
+                503, "the server is not ready", type="server_error", code="server_unavailable"
+            )
+        limit = self.orchestrator.max_in_flight
+        if limit is not None and self.running + self.waiting >= limit + self.max_waiting:
+            raise OpenAIError(
+                503,
+                f"the server is at capacity: {self.running} requests running "
+                f"(max_in_flight={limit}) and {self.waiting} waiting "
+                f"(max_waiting={self.max_waiting})",
+                type="server_error",
+                code="server_overloaded",
+            )
+        return Ticket(self)
+
+    def finished(self, reason: str, terminal: OrchOutput | None, plan: Plan) -> None:
+        """Count a request's end in the metrics."""
+        metrics = self.metrics
+        metrics.finished(reason)
+        timings = None if terminal is None else terminal.metrics
+        if timings is None:
+            return
+        metrics.e2e.observe(timings.e2e_latency)
+        for output in plan.outputs:
+            first = timings.time_to_first_output(output.stage_id)
+            if first is not None:
+                (metrics.ttft if output.modality == "text" else metrics.ttfa).observe(first)
+
+    def cancel_all(self) -> None:
+        """End every chat request being handled (a drain's grace ran out)."""
+        for ticket in self.tickets:
+            if ticket.cancel_scope is not None:
+                ticket.cancel_scope.cancel()
+
+    async def wait_idle(self) -> None:
+        await self.active.wait_value(0)
+
+
+@attrs.define(eq=False)
+class Ticket:
+    """One chat request's place, from :meth:`ServerState.enter` to its end: counts it
+    as waiting, then (:meth:`admitted`) as running."""
+
+    server: ServerState
+    cancel_scope: trio.CancelScope | None = None
+    running: bool = False
+
+    def __enter__(self) -> Ticket:
+        server = self.server
+        server.waiting += 1
+        server.active.value += 1
+        server.tickets.add(self)
+        server.metrics.waiting.set(server.waiting)
+        return self
+
+    def admitted(self) -> None:
+        server = self.server
+        server.waiting -= 1
+        server.running += 1
+        self.running = True
+        server.metrics.waiting.set(server.waiting)
+        server.metrics.running.set(server.running)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        server = self.server
+        if self.running:
+            server.running -= 1
+        else:
+            server.waiting -= 1
+        server.tickets.discard(self)
+        server.active.value -= 1
+        server.metrics.waiting.set(server.waiting)
+        server.metrics.running.set(server.running)
