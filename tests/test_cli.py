@@ -185,7 +185,7 @@ BAD_ARGUMENTS = [
     ("compare -k nothing", "omni-trio compare: -k must match a scenario key, 'nothing' matches"),
     ("bench --from nope.json", "omni-trio bench: --from must name a readable file, 'nope.json'"),
     ("", "omni-trio: the following arguments are required: COMMAND"),
-    ("serve", "omni-trio: argument COMMAND: invalid choice: 'serve'"),
+    ("serv", "omni-trio: argument COMMAND: invalid choice: 'serv'"),
 ]
 
 

@@ -180,3 +180,45 @@ class TestLifetime:
             await orch.add_request("r", "p")  # no checkpoint after: exit right away
         assert [o.finish_reason for o in await collect_outputs(orch)] == ["aborted"]
         assert stages[0].submissions == []  # it never reached a stage
+
+
+class TestReceiveBatch:
+    async def test_a_batch_is_everything_ready_up_to_the_terminal(self):
+        stages = pipeline(1)
+        async with (
+            open_orchestrator(stages, {0}, prewarm_fn=warm, max_in_flight=3) as orch,
+            orch.open_request("p", request_id="r") as stream,
+        ):
+            assert orch.max_in_flight == 3
+            for data in ("a", "b"):
+                stages[0].emit_nowait("r", data)
+            await stages[0].emit("r", "c", finished=True)
+            await trio.testing.wait_all_tasks_blocked()
+            batch = await stream.receive_batch()
+            assert [(o.data, o.finished) for o in batch] == [
+                ("a", False),
+                ("b", False),
+                ("c", True),
+            ]
+            assert stream.terminal is batch[-1]
+            with pytest.raises(trio.EndOfChannel):
+                await stream.receive_batch()
+
+    async def test_a_batch_waits_for_the_first_output(self, autojump_clock):
+        stages = pipeline(1)
+        async with (
+            open_orchestrator(stages, {0}, prewarm_fn=warm) as orch,
+            orch.open_request("p", request_id="r") as stream,
+        ):
+            assert orch.max_in_flight is None
+
+            async def later():
+                await trio.sleep(1)
+                await stages[0].emit("r", "x")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(later)
+                started = trio.current_time()
+                [output] = await stream.receive_batch()
+                assert (output.data, trio.current_time() - started) == ("x", 1)
+            assert stream.terminal is None

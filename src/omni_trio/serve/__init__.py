@@ -1,25 +1,32 @@
 """``omni-trio serve``: an OpenAI-compatible streaming server for a pipeline.
 
 Needs the ``serve`` extra (``pip install 'omni-trio[serve]'``): Hypercorn's Trio
-worker and Starlette. See ``docs/serving.md``::
-
-    app = app_for_config(load_pipeline("pipeline.toml"))
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(partial(serve, app, port=0))
+worker, Starlette and prometheus-client. :func:`app_for_config` builds the ASGI app
+for a pipeline config (:func:`create_app` for any orchestrator), and :func:`serve`
+serves it; see ``docs/serving.md``.
 """
 
-from ._app import DEFAULT_MAX_WAITING, app_for_config, create_app
-from ._model import FinalOutput, ServedModel
-from ._protocol import OpenAIError
-from ._server import DEFAULT_PORT, serve
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "DEFAULT_MAX_WAITING",
-    "DEFAULT_PORT",
-    "FinalOutput",
-    "OpenAIError",
-    "ServedModel",
-    "app_for_config",
-    "create_app",
-    "serve",
-]
+from .._util import lazy_exports
+
+if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
+    from ._app import DEFAULT_MAX_WAITING as DEFAULT_MAX_WAITING
+    from ._app import app_for_config as app_for_config
+    from ._app import create_app as create_app
+    from ._model import FinalOutput as FinalOutput
+    from ._model import ServedModel as ServedModel
+    from ._protocol import OpenAIError as OpenAIError
+    from ._server import DEFAULT_PORT as DEFAULT_PORT
+    from ._server import serve as serve
+
+_EXPORTS = {
+    "._app": ["DEFAULT_MAX_WAITING", "app_for_config", "create_app"],
+    "._model": ["FinalOutput", "ServedModel"],
+    "._protocol": ["OpenAIError"],
+    "._server": ["DEFAULT_PORT", "serve"],
+}
+__all__ = sorted(name for names in _EXPORTS.values() for name in names)
+# Imported on first use: the command line imports this package before it knows
+# whether the serve extra is installed.
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
