@@ -131,6 +131,7 @@ class ChatResponse:
         self._audio: list[bytes] = []
         self._tokens = 0
         self._broken = False  # a stage sent what the API cannot carry
+        self._answered = False  # the request's outcome is known and being sent
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         server = self._server
@@ -150,7 +151,7 @@ class ChatResponse:
                     ended = exc.error
                 finally:
                     nursery.cancel_scope.cancel()  # the watcher
-            if ticket.cancel_scope.cancelled_caught and not self._disconnected:
+            if ticket.stopped and not self._answered and not self._disconnected:
                 ended = OpenAIError(
                     503,
                     "the server shut down before the request finished",
@@ -194,11 +195,13 @@ class ChatResponse:
         except trio.ClosedResourceError:
             raise _Ended(_unavailable("the server is shutting down")) from None
         finally:
-            if stream is not None:  # the block has exited: stream.terminal is known
-                self._server.finished(self._label(stream.terminal), stream.terminal, plan)
-        terminal = stream.terminal
+            # The block has exited: stream.terminal is known. No stream: the request
+            # was never admitted (its client left, or the server stopped, first).
+            terminal = None if stream is None else stream.terminal
+            self._server.finished(self._label(terminal), terminal, plan)
         if self._finish is None:
             raise _Ended(self._failure(terminal))
+        self._answered = True  # from here on, a cancellation cuts it short, unsaid
         if plan.stream:
             await send({"type": "http.response.body", "body": self._closing(), "more_body": False})
         else:

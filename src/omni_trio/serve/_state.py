@@ -103,6 +103,7 @@ class ServerState:
     def cancel_all(self) -> None:
         """End every chat request being handled (a drain's grace ran out)."""
         for ticket in self.tickets:
+            ticket.stopped = True
             if ticket.cancel_scope is not None:
                 ticket.cancel_scope.cancel()
 
@@ -118,6 +119,8 @@ class Ticket:
     server: ServerState
     cancel_scope: trio.CancelScope | None = None
     running: bool = False
+    #: The server ended it (a drain's grace ran out): its client is told so.
+    stopped: bool = False
 
     def __enter__(self) -> Ticket:
         server = self.server
