@@ -7,6 +7,7 @@ import io
 import json
 import os
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -186,6 +187,16 @@ BAD_ARGUMENTS = [
     ("bench --from nope.json", "omni-trio bench: --from must name a readable file, 'nope.json'"),
     ("", "omni-trio: the following arguments are required: COMMAND"),
     ("serv", "omni-trio: argument COMMAND: invalid choice: 'serv'"),
+    ("serve --port 70000", "omni-trio serve: --port must be a port number 0-65535, got 70000"),
+    ("serve --port abc", "omni-trio serve: --port must be a port number 0-65535, got abc"),
+    ("serve --max-waiting -1", "omni-trio serve: --max-waiting must be an integer >= 0, got -1"),
+    ("serve --max-in-flight 0", "omni-trio serve: --max-in-flight must be a positive integer"),
+    ("serve --shutdown-grace -1", "--shutdown-grace must be a number of seconds >= 0, got -1"),
+    ("serve --stage-idle-timeout 0", "--stage-idle-timeout must be a positive number, got 0"),
+    ("serve missing.toml", "omni-trio serve: missing.toml: cannot read it"),
+    ("serve bad.toml", "bad.toml: stages[0]: Object missing required field `engine`"),
+    ("serve --port {busy}", "omni-trio serve: --port must be free on 127.0.0.1, {busy} is not"),
+    ("serve {demo} extra", "omni-trio serve: unrecognized arguments: extra"),
 ]
 
 
@@ -196,13 +207,17 @@ def test_a_bad_argument_is_one_line_and_status_2_before_anything_starts(tmp_path
         '[[stages]]\nstage_id = 0\nengine = "m:f"\nfinal_output = true\n'
     )
     (tmp_path / "bad.toml").write_text("[[stages]]\nstage_id = 0\n")
-    started = time.monotonic()
-    done = omni_trio_cli(*shlex.split(argv.format(demo=DEMO_TOML)), cwd=tmp_path)
+    with socket.socket() as busy:  # a port in use, for `serve --port`
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        started = time.monotonic()
+        done = omni_trio_cli(*shlex.split(argv.format(demo=DEMO_TOML, busy=port)), cwd=tmp_path)
     assert time.monotonic() - started < 5
     assert done.returncode == 2
     assert done.stdout == ""
     [line] = done.stderr.splitlines()
-    assert message in line
+    assert message.replace("{busy}", port) in line
     assert "Traceback" not in done.stderr
     assert not list(tmp_path.glob("*.wav"))  # nothing ran
 

@@ -416,25 +416,28 @@ async def _serve_main(config: Any, args: argparse.Namespace, stopping: Any) -> N
 
     import trio
 
+    from ._errors import unwrap_single_exception
     from .serve import app_for_config, serve
 
     app = app_for_config(config, max_waiting=args.max_waiting)
     names = " -> ".join(s.label for s in config.stages)
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(
-            partial(
-                serve,
-                app,
-                host=args.host,
-                port=args.port,
-                stopping=stopping,
-                shutdown_grace=config.pipeline.shutdown_grace,
+    # The server's error as it is (a WorkerStartError: one line), not in a group.
+    with unwrap_single_exception():
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(
+                partial(
+                    serve,
+                    app,
+                    host=args.host,
+                    port=args.port,
+                    stopping=stopping,
+                    shutdown_grace=config.pipeline.shutdown_grace,
+                )
             )
-        )
-        print(
-            f"omni-trio serve: {config.pipeline.name} ({names}, {config.mode}) on {url}",
-            flush=True,
-        )
+            print(
+                f"omni-trio serve: {config.pipeline.name} ({names}, {config.mode}) on {url}",
+                flush=True,
+            )
 
 
 def _fail(message: str, status: int) -> int:

@@ -77,6 +77,12 @@ async def serve(
                 urls = await nursery.start(
                     partial(hypercorn_serve, app, config, shutdown_trigger=trigger)  # type: ignore[arg-type]
                 )
+                if state.orchestrator is None:
+                    # Hypercorn reports its start even when the lifespan failed (its
+                    # startup event is set as the failure unwinds); the failure
+                    # reaches this nursery at its next checkpoint: wait for it, and
+                    # report no URL of a server that serves nothing.
+                    await trio.sleep_forever()
                 task_status.started(urls[0])
     except BaseException as exc:
         error = state.startup_error

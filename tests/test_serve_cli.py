@@ -1,0 +1,466 @@
+"""``omni-trio serve`` as a user runs it: the real command in its own process group,
+its stages in worker processes, driven with the real ``openai`` client and raw HTTP;
+stopped by SIGTERM (a drain), Ctrl-C, or a client that hangs up."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import wave
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import openai
+import pytest
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from omni_trio.demo.engines import response_tokens
+from test_signals import _default_sigint, _env, _group, _segments
+
+MODEL = "simulated-qwen-omni"
+DEMO_TOML = files("omni_trio.demo").joinpath("pipeline.toml").read_text()
+THINKER_ARGS = "engine_args = { tokens_per_second = 50, max_tokens = 40 }"
+FRAMES_PER_CODE = 960  # a 40 ms tone at 24 kHz (demo.engines.FRAME_SECONDS)
+CODES_PER_TOKEN = 4  # the demo talker's codes_per_token
+
+
+def pipeline(tmp_path: Path, *, tokens_per_second: float, max_tokens: int) -> Path:
+    """The demo pipeline, its thinker paced at ``tokens_per_second`` for ``max_tokens``
+    words (so a request takes about ``max_tokens / tokens_per_second`` seconds)."""
+    assert THINKER_ARGS in DEMO_TOML, "the demo's thinker args changed: update this test"
+    args = f"engine_args = {{ tokens_per_second = {tokens_per_second}, max_tokens = {max_tokens} }}"
+    config = tmp_path / "pipeline.toml"
+    config.write_text(DEMO_TOML.replace(THINKER_ARGS, args))
+    return config
+
+
+class Server:
+    """``omni-trio serve`` in its own process group, its output collected as it comes."""
+
+    def __init__(self, process: trio.Process) -> None:
+        self.process = process
+        self.out = bytearray()
+        self.err = bytearray()
+        self.url = ""
+        self.segments: list[str] = []  # in use while it served, if a test looked
+        self._more = trio.Event()
+
+    async def collect(self, stream: trio.abc.ReceiveStream, into: bytearray) -> None:
+        async for data in stream:
+            into += data
+            self._more.set()
+            self._more = trio.Event()
+
+    async def started(self) -> None:
+        while b"\n" not in self.out:
+            if self.process.poll() is not None:
+                pytest.fail(f"the server ended first ({self.process.returncode}): {self.text()}")
+            with trio.move_on_after(0.1):
+                await self._more.wait()
+        line = self.out.decode().splitlines()[0]
+        assert line.startswith(f"omni-trio serve: {MODEL} (thinker -> talker -> code2wav, ")
+        self.url = line.rsplit(" on ", 1)[1]
+        assert self.url.startswith("http://127.0.0.1:")
+
+    def segments_in_use(self) -> list[str]:
+        """Its shared-memory segments now (a request in flight has some), kept to show
+        that the check for none left after its exit proves something."""
+        self.segments = _segments(self.process.pid)
+        assert self.segments, "a request is in flight, yet the server has no segment"
+        return self.segments
+
+    def text(self) -> str:
+        return (self.out + self.err).decode(errors="replace")
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the server's whole process group, as a terminal's Ctrl-C
+        or a service manager's stop does."""
+        os.killpg(self.process.pid, signum)
+
+    async def exit_status(self, bound: float = 15) -> int:
+        """Wait for the server to exit; then nothing of it may be left."""
+        with trio.fail_after(bound):
+            status = await self.process.wait()
+        # Its workers were reaped; their resource trackers leave once they see them gone.
+        with trio.move_on_after(5):
+            while _group(self.process.pid):  # noqa: ASYNC110 - other processes
+                await trio.sleep(0.05)
+        assert _group(self.process.pid) == [], "processes of the server's group outlived it"
+        assert _segments(self.process.pid) == [], "shared memory left behind"
+        return status
+
+
+@asynccontextmanager
+async def serving(tmp_path: Path, *argv: str) -> AsyncIterator[Server]:
+    """``omni-trio serve ARGV --port 0``, started (its URL known); killed with its group
+    if the test left it running."""
+    command = [sys.executable, "-m", "omni_trio", "serve", *argv, "--port", "0"]
+    process = await trio.lowlevel.open_process(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own group: a signal to it does not reach us
+        preexec_fn=_default_sigint,
+        env=_env(),
+        cwd=tmp_path,
+    )
+    server = Server(process)
+    assert process.stdout is not None
+    assert process.stderr is not None
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(server.collect, process.stdout, server.out)
+            nursery.start_soon(server.collect, process.stderr, server.err)
+            try:
+                with trio.fail_after(60):  # a loaded machine starts three workers slowly
+                    await server.started()
+                yield server
+            finally:
+                if process.poll() is None:  # the test failed: end it all
+                    os.killpg(process.pid, signal.SIGKILL)
+                    with trio.CancelScope(shield=True):
+                        await process.wait()
+    finally:
+        await process.stdout.aclose()
+        await process.stderr.aclose()
+
+
+# -- clients ------------------------------------------------------------------------------
+
+
+async def http(
+    url: str, method: str = "GET", path: str = "/health", body: Any = None
+) -> tuple[int, bytes]:
+    """One request over a new connection: its status and body (not chunk-decoded)."""
+    address = urlsplit(url)
+    assert address.hostname is not None
+    assert address.port is not None
+    request = f"{method} {path} HTTP/1.1\r\nhost: {address.netloc}\r\nconnection: close\r\n"
+    data = b""
+    if body is not None:
+        data = json.dumps(body).encode()
+        request += f"content-type: application/json\r\ncontent-length: {len(data)}\r\n"
+    stream = await trio.open_tcp_stream(address.hostname, address.port)
+    received = bytearray()
+    async with stream:
+        await stream.send_all(request.encode() + b"\r\n" + data)
+        async for chunk in stream:
+            received += chunk
+    head, _, payload = bytes(received).partition(b"\r\n\r\n")
+    return int(head.split()[1]), payload
+
+
+async def metrics(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    status, body = await http(url, path="/metrics")
+    assert status == 200
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(body.decode())
+        for sample in family.samples
+    }
+
+
+def finished(values: dict[tuple[str, frozenset[tuple[str, str]]], float], reason: str) -> float:
+    labels = frozenset({("model_name", MODEL), ("finish_reason", reason)})
+    return values[("omni_trio:requests_finished_total", labels)]
+
+
+def running(values: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> float:
+    return values[("omni_trio:num_requests_running", frozenset({("model_name", MODEL)}))]
+
+
+def client(url: str, timeout: float = 30) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=timeout)
+
+
+def chat(url: str, prompt: str, **options: Any) -> Any:
+    """A whole (not streamed) chat completion, with the real client."""
+    with client(url) as openai_client:
+        return openai_client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": prompt}], **options
+        )
+
+
+def stream_chat(
+    url: str, prompt: str, on_first: Callable[[], None] | None = None, timeout: float = 30
+) -> list[Any]:
+    """A streamed chat completion's chunks, with the real client; ``on_first`` is
+    called (in this thread) as the first one arrives. Run it in a thread."""
+    chunks = []
+    with (
+        client(url, timeout) as openai_client,
+        openai_client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": prompt}], stream=True
+        ) as stream,
+    ):
+        for chunk in stream:
+            chunks.append(chunk)
+            if on_first is not None and len(chunks) == 1:
+                on_first()
+    return chunks
+
+
+def text_of(chunks: list[Any]) -> str:
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def audio_of(chunks: list[Any]) -> list[bytes]:
+    return [
+        base64.b64decode(c.choices[0].delta.audio.data)
+        for c in chunks
+        if c.choices and c.choices[0].delta.audio is not None
+    ]
+
+
+def finish_reasons(chunks: list[Any]) -> list[str]:
+    return [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+
+
+def pcm_frames(data: bytes) -> int:
+    """The frames of a WAV file: 16-bit mono at 24 kHz, or the test fails."""
+    with wave.open(io.BytesIO(data)) as wav:
+        assert (wav.getframerate(), wav.getnchannels(), wav.getsampwidth()) == (24_000, 1, 2)
+        frames = wav.getnframes()
+        assert len(wav.readframes(frames)) == 2 * frames
+        return frames
+
+
+# -- the tests ----------------------------------------------------------------------------
+
+
+async def test_streams_text_and_wav_audio_with_the_openai_client(tmp_path):
+    config = pipeline(tmp_path, tokens_per_second=200, max_tokens=12)
+    prompt = "Tell me about the sea"
+    expected = "".join(response_tokens(prompt, 12))
+    async with serving(tmp_path, str(config)) as server:
+        chunks = await trio.to_thread.run_sync(stream_chat, server.url, prompt)
+        assert text_of(chunks) == expected
+        assert finish_reasons(chunks) == ["stop"]
+        assert chunks[-1].choices[0].finish_reason == "stop"  # the last chunk, once
+        assert chunks[0].choices[0].delta.role == "assistant"
+        audio = audio_of(chunks)
+        assert len(audio) == 2  # 48 codes: one chunk of 25, the tail of 23
+        frames = [pcm_frames(wav_file) for wav_file in audio]
+        assert frames == [25 * FRAMES_PER_CODE, 23 * FRAMES_PER_CODE]
+
+        whole = await trio.to_thread.run_sync(chat, server.url, prompt)
+        [choice] = whole.choices
+        assert choice.finish_reason == "stop"
+        assert choice.message.content == expected
+        assert choice.message.audio is not None
+        audio_frames = pcm_frames(base64.b64decode(choice.message.audio.data))
+        assert audio_frames == 12 * CODES_PER_TOKEN * FRAMES_PER_CODE
+
+        values = await metrics(server.url)
+        assert finished(values, "completed") == 2
+        assert finished(values, "aborted") == 0
+        server.signal(signal.SIGTERM)
+        assert await server.exit_status() == 0, server.text()
+    assert server.err.decode() == ""
+
+
+async def test_with_no_config_it_serves_the_demo(tmp_path):
+    async with serving(tmp_path) as server:
+        assert server.out.decode().startswith(f"omni-trio serve: {MODEL} (")
+        status, body = await http(server.url, path="/v1/models")
+        assert status == 200
+        assert [model["id"] for model in json.loads(body)["data"]] == [MODEL]
+        assert (await http(server.url))[0] == 200  # /health: ready
+        # A short answer: the server ends it at max_tokens, with the demo's words.
+        whole = await trio.to_thread.run_sync(
+            lambda: chat(server.url, "Hello", max_tokens=3, modalities=["text"])
+        )
+        assert whole.choices[0].finish_reason == "length"
+        assert whole.choices[0].message.content == "".join(response_tokens("Hello", 3))
+        assert whole.choices[0].message.audio is None
+        server.signal(signal.SIGTERM)
+        assert await server.exit_status() == 0, server.text()
+
+
+async def test_a_client_that_hangs_up_aborts_its_request(tmp_path):
+    config = pipeline(tmp_path, tokens_per_second=10, max_tokens=40)  # 4 s
+    async with serving(tmp_path, str(config)) as server:
+        address = urlsplit(server.url)
+        assert address.hostname is not None
+        assert address.port is not None
+        body = json.dumps(
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        ).encode()
+        request = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nhost: {address.netloc}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+        ).encode()
+        stream = await trio.open_tcp_stream(address.hostname, address.port)
+        async with stream:
+            await stream.send_all(request + body)
+            received = bytearray()
+            with trio.fail_after(10):
+                while b"data: " not in received:
+                    received += await stream.receive_some()
+        assert received.startswith(b"HTTP/1.1 200"), received
+        # The connection is closed with the answer under way: the request is aborted
+        # (counted as it ends; the running gauge drops a checkpoint later).
+        with trio.fail_after(10):
+            while True:
+                values = await metrics(server.url)
+                if finished(values, "aborted") and not running(values):
+                    break
+                await trio.sleep(0.05)
+        assert finished(values, "aborted") == 1
+        assert finished(values, "completed") == 0
+        assert running(values) == 0
+        # The server goes on serving.
+        whole = await trio.to_thread.run_sync(
+            lambda: chat(server.url, "again", max_tokens=2, modalities=["text"])
+        )
+        assert whole.choices[0].message.content == "".join(response_tokens("again", 2))
+        values = await metrics(server.url)
+        assert (finished(values, "aborted"), finished(values, "length")) == (1, 1)
+        server.signal(signal.SIGTERM)
+        assert await server.exit_status() == 0, server.text()
+
+
+async def test_sigterm_drains_the_request_in_flight_and_refuses_new_ones(tmp_path):
+    config = pipeline(tmp_path, tokens_per_second=10, max_tokens=20)  # 2 s
+    prompt = "a slow answer"
+    first = trio.Event()
+    results: list[list[Any]] = []
+
+    def on_first() -> None:
+        trio.from_thread.run_sync(first.set)
+
+    async def consume() -> None:
+        results.append(await trio.to_thread.run_sync(stream_chat, server.url, prompt, on_first))
+
+    async with serving(tmp_path, str(config)) as server, trio.open_nursery() as nursery:
+        nursery.start_soon(consume)
+        with trio.fail_after(10):
+            await first.wait()
+        server.segments_in_use()
+        sent = time.monotonic()
+        server.signal(signal.SIGTERM)
+        # Draining: the listener still takes connections, to say 503.
+        with trio.fail_after(5):
+            while (health := await http(server.url))[0] == 200:  # noqa: ASYNC110 - polled
+                await trio.sleep(0.02)
+        assert health == (503, b"draining")
+        status, body = await http(
+            server.url,
+            "POST",
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "late"}]},
+        )
+        assert status == 503
+        assert json.loads(body)["error"]["code"] == "server_shutting_down"
+        assert not results, "the request in flight ended before the checks: pace it slower"
+        assert await server.exit_status() == 0, server.text()
+        assert time.monotonic() - sent < 10
+    [chunks] = results
+    assert text_of(chunks) == "".join(response_tokens(prompt, 20))
+    assert finish_reasons(chunks) == ["stop"]
+    frames = sum(pcm_frames(wav_file) for wav_file in audio_of(chunks))
+    assert frames == 20 * CODES_PER_TOKEN * FRAMES_PER_CODE  # all of its audio too
+    assert server.err.decode() == ""
+
+
+async def test_ctrl_c_with_a_request_in_flight_exits_130(tmp_path):
+    config = pipeline(tmp_path, tokens_per_second=10, max_tokens=40)  # 4 s
+    prompt = "interrupt me"
+    first = trio.Event()
+    results: list[list[Any] | Exception] = []
+
+    def on_first() -> None:
+        trio.from_thread.run_sync(first.set)
+
+    async def consume() -> None:
+        try:
+            chunks = await trio.to_thread.run_sync(stream_chat, server.url, prompt, on_first, 20)
+        except Exception as exc:
+            results.append(exc)
+        else:  # pragma: no cover - the test fails on it
+            results.append(chunks)
+
+    async with serving(tmp_path, str(config)) as server, trio.open_nursery() as nursery:
+        nursery.start_soon(consume)
+        with trio.fail_after(10):
+            await first.wait()
+        server.segments_in_use()
+        sent = time.monotonic()
+        server.signal(signal.SIGINT)
+        assert await server.exit_status() == 130, server.text()
+        with trio.fail_after(10):  # the client is not left hanging
+            while not results:  # noqa: ASYNC110 - a thread: it sets no Trio event
+                await trio.sleep(0.02)
+        assert time.monotonic() - sent < 10
+    assert server.err.decode() == "interrupted\n"
+    # The stream ended, not as a completion: the connection closed under it (or an
+    # error event came); either is an APIError from the client.
+    [result] = results
+    assert isinstance(result, openai.APIError), result
+
+
+# -- a pipeline that does not start --------------------------------------------------------
+
+RAISES = """
+def factory():
+    raise RuntimeError("the weights are missing")
+"""
+
+BROKEN = """
+[pipeline]
+name = "broken"
+
+[[stages]]
+stage_id = 0
+engine = "{engine}"
+final_output = true
+"""
+
+NOT_STARTING = [
+    ("no_such_module_xyz:thinker", "No module named 'no_such_module_xyz'"),
+    ("raises_on_load:factory", "RuntimeError: the weights are missing"),
+]
+
+
+@pytest.mark.parametrize(("engine", "cause"), NOT_STARTING, ids=["missing module", "raises"])
+def test_a_pipeline_that_does_not_start_is_one_line_and_status_2(tmp_path, engine, cause):
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "raises_on_load.py").write_text(RAISES)  # beside the config: importable
+    (models / "broken.toml").write_text(BROKEN.format(engine=engine))
+    command = [sys.executable, "-m", "omni_trio", "serve", str(models / "broken.toml")]
+    process = subprocess.Popen(
+        [*command, "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env=_env(),
+        cwd=tmp_path,
+    )
+    try:
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.returncode is None:  # pragma: no cover - it hung
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+    assert process.returncode == 2, err
+    assert out == b""  # no URL of a server that serves nothing
+    [line] = err.decode().splitlines()
+    assert line.startswith(f"omni-trio serve: stage 0: cannot load engine '{engine}': ")
+    assert cause in line
+    deadline = time.monotonic() + 5
+    while _group(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _group(process.pid) == []
+    assert _segments(process.pid) == []
