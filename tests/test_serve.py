@@ -1,0 +1,488 @@
+"""The OpenAI-compatible server, in process: the real ``openai`` client and raw HTTP
+against ``serve`` over a scripted pipeline (see ``serve_helpers``).
+
+Real sockets and real time: no autojump clock, so every wait is on an event, bounded
+by a generous ``fail_after`` that only a hang would reach.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+
+import httpx
+import openai
+import pytest
+import trio
+import trio.testing
+
+from serve_helpers import (
+    AUDIO_CHUNKS,
+    MANUAL,
+    MODEL,
+    PROMPTLY,
+    SAMPLE_RATE,
+    TEXT,
+    TEXT_DELTAS,
+    Metrics,
+    audio_of,
+    b64,
+    chat_body,
+    running_server,
+    sse_events,
+    text_of,
+    wav_frames,
+)
+
+# The openai client leaves its SSE decoder's async generators unfinished after
+# ``[DONE]``; under Trio their garbage collection warns (the client's own comment:
+# "support non asyncio runtimes here"). Only those warnings are let through.
+pytestmark = pytest.mark.filterwarnings(
+    r"ignore:Async generator '(openai|httpx2|httpcore2)\.:ResourceWarning"
+)
+
+
+@pytest.fixture
+async def server():
+    async with running_server() as server:
+        yield server
+
+
+def openai_client(server, **kwargs) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url=server.url + "/v1", api_key="test", max_retries=0, timeout=PROMPTLY, **kwargs
+    )
+
+
+def http_client() -> httpx.AsyncClient:
+    return httpx.AsyncClient(timeout=PROMPTLY)
+
+
+async def scrape(server) -> Metrics:
+    async with http_client() as client:
+        response = await client.get(server.url + "/metrics")
+    assert response.status_code == 200
+    return Metrics(response.text)
+
+
+def content_chunks(events):
+    """The chunks that carry text or audio."""
+    return [e for e in events if e != "[DONE]" and e["choices"] and e["choices"][0]["delta"]]
+
+
+def finish_chunks(events):
+    return [
+        (i, e)
+        for i, e in enumerate(events)
+        if e != "[DONE]" and e.get("choices") and e["choices"][0]["finish_reason"] is not None
+    ]
+
+
+def texts(events) -> list[str]:
+    return [
+        c["choices"][0]["delta"]["content"]
+        for c in content_chunks(events)
+        if "content" in c["choices"][0]["delta"]
+    ]
+
+
+def audios(events) -> list[dict]:
+    return [
+        c["choices"][0]["delta"]["audio"]
+        for c in content_chunks(events)
+        if "audio" in c["choices"][0]["delta"]
+    ]
+
+
+def assert_error_object(body, status_type=None) -> dict:
+    """``{"error": {"message", "type", "param", "code"}}``, nothing else."""
+    assert set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str)
+    assert error["message"]
+    if status_type is not None:
+        assert error["type"] == status_type
+    return error
+
+
+# -- 1. streaming -------------------------------------------------------------------------
+
+
+class TestStreaming:
+    @pytest.mark.parametrize("audio_format", ["pcm16", "wav"])
+    async def test_the_stream_is_exactly_what_the_stages_emitted(self, server, audio_format):
+        prompt = f"say it in {audio_format}"
+        body = chat_body(
+            prompt,
+            stream=True,
+            stream_options={"include_usage": True},
+            audio={"format": audio_format, "voice": "Chelsie"},
+        )
+        async with http_client() as client:
+            response = await client.post(server.chat_url(), json=body)
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.content.endswith(b"data: [DONE]\n\n")
+        events = sse_events(response.content)
+        chunks = events[:-1]
+        assert {(c["id"], c["object"], c["model"]) for c in chunks} == {
+            (chunks[0]["id"], "chat.completion.chunk", MODEL)
+        }
+
+        assert texts(events) == text_of(prompt)
+        audio = audios(events)
+        assert len({a["id"] for a in audio}) == 1
+        if audio_format == "pcm16":
+            assert [b64(a["data"]) for a in audio] == audio_of(prompt)
+        else:
+            for delta, pcm in zip(audio, audio_of(prompt), strict=True):
+                assert wav_frames(b64(delta["data"])) == (pcm, SAMPLE_RATE)
+        # the role comes once, with the first delta
+        roles = [c["choices"][0]["delta"].get("role") for c in content_chunks(events)]
+        assert roles == ["assistant"] + [None] * (TEXT_DELTAS + AUDIO_CHUNKS - 1)
+
+        # one finish chunk, after every content chunk; then the usage chunk; [DONE]
+        [(at, finish)] = finish_chunks(events)
+        assert finish["choices"] == [{"index": 0, "delta": {}, "finish_reason": "stop"}]
+        assert at == len(content_chunks(events))
+        usage = events[at + 1]
+        assert usage["choices"] == []
+        assert usage["usage"] == {
+            "prompt_tokens": len(prompt.split()),
+            "completion_tokens": TEXT_DELTAS,
+            "total_tokens": len(prompt.split()) + TEXT_DELTAS,
+        }
+        assert events[at + 2 :] == ["[DONE]"]
+        assert all(c["usage"] is None for c in chunks if c is not usage)
+
+    async def test_without_include_usage_no_usage_chunk(self, server):
+        async with http_client() as client:
+            response = await client.post(server.chat_url(), json=chat_body("plain", stream=True))
+        events = sse_events(response.content)
+        [(at, _)] = finish_chunks(events)
+        assert events[at + 1 :] == ["[DONE]"]
+        assert all(e["choices"] for e in events[:-1])
+
+    async def test_openai_client_streams_text_and_audio(self, server):
+        prompt = "through the client"
+        async with openai_client(server) as client:
+            stream = await client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": prompt}],
+                modalities=["text", "audio"],
+                audio={"format": "pcm16", "voice": "Chelsie"},
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            chunks = [chunk async for chunk in stream]
+        text = [
+            c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content
+        ]
+        audio = [
+            b64(c.choices[0].delta.audio.data)
+            for c in chunks
+            if c.choices and c.choices[0].delta.audio is not None
+        ]
+        assert text == text_of(prompt)
+        assert audio == audio_of(prompt)
+        reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+        assert reasons == [None] * (TEXT_DELTAS + AUDIO_CHUNKS) + ["stop"]
+        assert chunks[-1].choices == []
+        assert chunks[-1].usage.completion_tokens == TEXT_DELTAS
+
+
+# -- 2. whole responses ----------------------------------------------------------------
+
+
+class TestWhole:
+    async def test_message_holds_all_text_and_a_wav_of_all_audio(self, server):
+        prompt = "all at once"
+        async with openai_client(server) as client:
+            completion = await client.chat.completions.create(
+                model=MODEL,
+                messages=[
+                    {"role": "system", "content": "be brief"},
+                    {"role": "user", "content": prompt},
+                ],
+            )
+        [choice] = completion.choices
+        assert choice.finish_reason == "stop"
+        assert choice.message.role == "assistant"
+        assert choice.message.content == "".join(text_of(prompt))
+        audio = choice.message.audio
+        assert wav_frames(b64(audio.data)) == (b"".join(audio_of(prompt)), SAMPLE_RATE)
+        assert audio.transcript == "".join(text_of(prompt))
+        assert audio.id.startswith("audio-")
+        assert completion.usage.completion_tokens == TEXT_DELTAS
+        metrics = completion.model_extra["metrics"]
+        assert set(metrics) == {"time_to_first_token", "time_to_first_audio", "e2e_latency"}
+        assert 0 < metrics["time_to_first_token"] <= metrics["e2e_latency"]
+        assert 0 < metrics["time_to_first_audio"] <= metrics["e2e_latency"]
+
+    async def test_content_parts_and_pcm16(self, server):
+        prompt = "in parts"
+        body = chat_body("", audio={"format": "pcm16"})
+        body["messages"] = [
+            {"role": "user", "content": "an earlier question"},
+            {"role": "assistant", "content": "an answer"},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "in "}, {"type": "text", "text": "parts"}],
+            },
+        ]
+        async with http_client() as client:
+            response = await client.post(server.chat_url(), json=body)
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "application/json"
+        message = response.json()["choices"][0]["message"]
+        assert message["content"] == "".join(text_of(prompt))  # the last user message
+        assert b64(message["audio"]["data"]) == b"".join(audio_of(prompt))
+
+
+# -- 3. modalities ------------------------------------------------------------------------
+
+
+class TestModalities:
+    async def test_text_only_submits_the_thinker_alone(self, server):
+        prompt = "just text"
+        async with http_client() as client:
+            response = await client.post(
+                server.chat_url(), json=chat_body(prompt, modalities=["text"], stream=True)
+            )
+        events = sse_events(response.content)
+        assert texts(events) == text_of(prompt)
+        assert audios(events) == []
+        await trio.testing.wait_all_tasks_blocked()
+        rid = await server.engine.submitted(prompt, 0)
+        assert server.stages[1].submissions == []
+        assert server.stages[2].submissions == []
+        assert rid not in server.stages[0].aborts
+
+    async def test_text_only_whole_response_has_no_audio(self, server):
+        async with openai_client(server) as client:
+            completion = await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "words"}], modalities=["text"]
+            )
+        assert completion.choices[0].message.content == "".join(text_of("words"))
+        assert completion.choices[0].message.audio is None
+        assert completion.model_extra["metrics"]["time_to_first_audio"] is None
+
+    async def test_audio_only_runs_every_stage_and_shows_no_text(self, server):
+        prompt = "just audio"
+        async with http_client() as client:
+            streamed = await client.post(
+                server.chat_url(),
+                json=chat_body(
+                    prompt, modalities=["audio"], stream=True, audio={"format": "pcm16"}
+                ),
+            )
+            whole = await client.post(
+                server.chat_url(), json=chat_body(prompt + "!", modalities=["audio"])
+            )
+        events = sse_events(streamed.content)
+        assert texts(events) == []
+        assert [b64(a["data"]) for a in audios(events)] == audio_of(prompt)
+        for stage_id in range(3):
+            await server.engine.submitted(prompt, stage_id)
+        message = whole.json()["choices"][0]["message"]
+        assert message["content"] is None
+        assert wav_frames(b64(message["audio"]["data"])) == (
+            b"".join(audio_of(prompt + "!")),
+            SAMPLE_RATE,
+        )
+
+
+# -- 4. isolation ---------------------------------------------------------------------------
+
+
+async def test_ten_concurrent_streams_each_get_their_own_data(server):
+    results: dict[str, tuple[list[str], list[bytes]]] = {}
+
+    async def one(client, prompt):
+        stream = await client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": prompt}],
+            audio={"format": "pcm16", "voice": "Ethan"},
+            stream=True,
+        )
+        text, audio = [], []
+        async for chunk in stream:
+            delta = chunk.choices[0].delta
+            if delta.content:
+                text.append(delta.content)
+            if delta.audio is not None:
+                audio.append(b64(delta.audio.data))
+        results[prompt] = (text, audio)
+
+    prompts = [f"request {i}" for i in range(10)]
+    async with openai_client(server) as client, trio.open_nursery() as nursery:
+        for prompt in prompts:
+            nursery.start_soon(one, client, prompt)
+    assert results == {p: (text_of(p), audio_of(p)) for p in prompts}
+    assert len({server.stages[0].submitted_ids()[i] for i in range(10)}) == 10
+
+
+# -- 11. health and models ------------------------------------------------------------------
+
+
+async def test_health_and_models(server):
+    async with http_client() as client:
+        assert (await client.get(server.url + "/health")).status_code == 200
+        raw = (await client.get(server.url + "/v1/models")).json()
+    assert raw["object"] == "list"
+    assert [(m["id"], m["object"], m["owned_by"]) for m in raw["data"]] == [
+        (MODEL, "model", "omni_trio")
+    ]
+    async with openai_client(server) as client:
+        models = await client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+
+
+# -- 5. errors before the pipeline ----------------------------------------------------------
+
+
+def valid(**fields):
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **fields}
+
+
+class TestRequestErrors:
+    @pytest.mark.parametrize(
+        ("body", "param", "match"),
+        [
+            (b'{"model": "x", "messages": [', None, "not valid JSON"),
+            (b"", None, "not valid JSON"),
+            (json.dumps(valid(messages=[])).encode(), "messages", "must not be empty"),
+            (json.dumps(valid(stream="yes")).encode(), "stream", "Expected `bool`"),
+            (json.dumps(valid(messages="hi")).encode(), "messages", "Expected `array`"),
+            (json.dumps(valid(max_tokens=0)).encode(), "max_tokens", ">= 1"),
+            (json.dumps(valid(max_completion_tokens=-3)).encode(), "max_completion_tokens", ">= 1"),
+            (
+                json.dumps(valid(messages=[{"role": "robot", "content": "hi"}])).encode(),
+                "messages[0].role",
+                None,
+            ),
+            (
+                json.dumps(valid(messages=[{"role": "system", "content": "be brief"}])).encode(),
+                "messages",
+                "no message with role 'user'",
+            ),
+            (
+                json.dumps(valid(messages=[{"role": "user", "content": "  "}])).encode(),
+                "messages",
+                "no text",
+            ),
+            (json.dumps(valid(modalities=["video"])).encode(), "modalities", "unknown modality"),
+            (json.dumps(valid(modalities=[])).encode(), "modalities", "must not be empty"),
+            (json.dumps(valid(audio={"format": "mp3"})).encode(), "audio.format", None),
+            (json.dumps({"messages": []}).encode(), None, "model"),
+        ],
+    )
+    async def test_bad_requests_get_400_and_reach_no_stage(self, server, body, param, match):
+        async with http_client() as client:
+            response = await client.post(
+                server.chat_url(), content=body, headers={"content-type": "application/json"}
+            )
+        assert response.status_code == 400, response.text
+        assert response.headers["content-type"] == "application/json"
+        error = assert_error_object(response.json(), "invalid_request_error")
+        assert error["param"] == param
+        if match is not None:
+            assert match in error["message"]
+        assert server.stages[0].submissions == []
+
+    async def test_audio_from_a_text_only_model_is_400(self):
+        async with running_server(outputs=(TEXT,)) as server, http_client() as client:
+            response = await client.post(
+                server.chat_url(), json=chat_body("speak", modalities=["text", "audio"])
+            )
+            assert response.status_code == 400
+            error = assert_error_object(response.json(), "invalid_request_error")
+            assert error["param"] == "modalities"
+            assert "has no audio output" in error["message"]
+            # without modalities it is text, from the thinker alone
+            ok = await client.post(server.chat_url(), json=chat_body("write"))
+            assert ok.json()["choices"][0]["message"] == {
+                "content": "".join(text_of("write")),
+                "role": "assistant",
+                "audio": None,
+            }
+            assert server.stages[2].submissions == []
+
+    async def test_unknown_model_is_404(self, server):
+        async with http_client() as client:
+            response = await client.post(
+                server.chat_url(), json={**chat_body("hi"), "model": "gpt-4o"}
+            )
+        assert response.status_code == 404
+        error = assert_error_object(response.json(), "invalid_request_error")
+        assert (error["param"], error["code"]) == ("model", "model_not_found")
+        async with openai_client(server) as client:
+            with pytest.raises(openai.NotFoundError) as caught:
+                await client.chat.completions.create(
+                    model="gpt-4o", messages=[{"role": "user", "content": "hi"}], stream=True
+                )
+        assert caught.value.status_code == 404
+        assert caught.value.code == "model_not_found"
+        assert server.stages[0].submissions == []
+
+    async def test_wrong_method_and_path(self, server):
+        async with http_client() as client:
+            assert (await client.get(server.chat_url())).status_code == 405
+            assert (await client.get(server.url + "/v1/nothing")).status_code == 404
+
+
+class TestCapacity:
+    async def test_503_at_once_when_running_and_waiting_are_full(self):
+        async with running_server(max_in_flight=1, max_waiting=0) as server:
+            held = MANUAL + "holds the only slot"
+            async with http_client() as client, trio.open_nursery() as nursery:
+                first: list[httpx.Response] = []
+
+                async def hold():
+                    first.append(await client.post(server.chat_url(), json=chat_body(held)))
+
+                nursery.start_soon(hold)
+                await server.engine.submitted(held)
+                with trio.fail_after(PROMPTLY):
+                    refused = await client.post(server.chat_url(), json=chat_body("second"))
+                assert refused.status_code == 503
+                assert refused.headers["retry-after"] == "1"
+                error = assert_error_object(refused.json(), "server_error")
+                assert error["code"] == "server_overloaded"
+                assert "max_in_flight=1" in error["message"]
+                assert not server.engine.was_submitted("second", 0)
+                await server.engine.play_all(held)
+            assert first[0].status_code == 200
+            assert first[0].json()["choices"][0]["message"]["content"] == "".join(text_of(held))
+
+    async def test_a_waiting_request_runs_once_the_slot_frees(self):
+        async with running_server(max_in_flight=1, max_waiting=1) as server:
+            held, waiting = MANUAL + "first", "waits its turn"
+            responses: dict[str, httpx.Response] = {}
+            async with http_client() as client, trio.open_nursery() as nursery:
+
+                async def post(prompt, **fields):
+                    responses[prompt] = await client.post(
+                        server.chat_url(), json=chat_body(prompt, **fields)
+                    )
+
+                nursery.start_soon(post, held)
+                await server.engine.submitted(held)
+                nursery.start_soon(partial(post, waiting, stream=True))
+                with trio.fail_after(PROMPTLY):
+                    await server.state.active.wait_value(2)
+                metrics = await scrape(server)
+                assert metrics["omni_trio:num_requests_running"] == 1
+                assert metrics["omni_trio:num_requests_waiting"] == 1
+                third = await client.post(server.chat_url(), json=chat_body("third"))
+                assert third.status_code == 503
+                await trio.testing.wait_all_tasks_blocked()
+                assert not server.engine.was_submitted(waiting, 0)
+                await server.engine.play_all(held)
+            assert texts(sse_events(responses[waiting].content)) == text_of(waiting)
+            assert responses[held].status_code == 200
+            metrics = await scrape(server)
+            assert metrics["omni_trio:num_requests_running"] == 0
+            assert metrics["omni_trio:num_requests_waiting"] == 0
+            assert metrics.finished("completed") == 2
