@@ -140,17 +140,22 @@ class ChatResponse:
             await send_json(send, exc.status, exc.body(), _retry_after(exc))
             return
         ended: OpenAIError | None = None
+        ran = False  # _run returned, or ended the request itself: not cut short
         with ticket:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch_disconnect, receive, nursery.cancel_scope)
                 ticket.cancel_scope = nursery.cancel_scope
                 try:
                     await self._run(send, ticket)
+                    ran = True
                 except _Ended as exc:
                     ended = exc.error
+                    ran = True
                 finally:
-                    nursery.cancel_scope.cancel()  # the watcher
-            if ticket.cancel_scope.cancelled_caught and not self._disconnected:
+                    # Stops the watcher; so the scope has caught a Cancelled even when
+                    # nothing else cancelled it, and ``ran`` says whether _run was cut.
+                    nursery.cancel_scope.cancel()
+            if not ran and ticket.cancel_scope.cancelled_caught and not self._disconnected:
                 ended = OpenAIError(
                     503,
                     "the server shut down before the request finished",
