@@ -67,7 +67,7 @@ async def scrape(server) -> Metrics:
 
 def content_chunks(events):
     """The chunks that carry text or audio."""
-    return [e for e in events if e != "[DONE]" and e["choices"] and e["choices"][0]["delta"]]
+    return [e for e in events if e != "[DONE]" and e.get("choices") and e["choices"][0]["delta"]]
 
 
 def finish_chunks(events):
@@ -486,3 +486,116 @@ class TestCapacity:
             assert metrics["omni_trio:num_requests_running"] == 0
             assert metrics["omni_trio:num_requests_waiting"] == 0
             assert metrics.finished("completed") == 2
+
+
+# -- 6. a stage's error ---------------------------------------------------------------------
+
+
+async def emit_text_then_fail(server, prompt, deltas):
+    """The thinker sends ``deltas``, then (once they are on their way to the client:
+    stages' outputs are not ordered across stages) the talker fails the request."""
+    rid = await server.engine.submitted(prompt, 1)
+    for delta in deltas:
+        await server.stages[0].emit(rid, delta)
+    await trio.testing.wait_all_tasks_blocked()
+    await server.stages[1].emit(rid, error="talker crashed")
+
+
+class TestStageError:
+    async def test_mid_stream_an_error_event_then_done(self, server):
+        prompt = MANUAL + "fails midway"
+        async with http_client() as client, trio.open_nursery() as nursery:
+            nursery.start_soon(emit_text_then_fail, server, prompt, ["one ", "two "])
+            response = await client.post(server.chat_url(), json=chat_body(prompt, stream=True))
+        assert response.status_code == 200  # the headers had gone out
+        events = sse_events(response.content)
+        assert texts(events) == ["one ", "two "]
+        assert finish_chunks(events) == []
+        *_, last, done = events
+        assert done == "[DONE]"
+        error = assert_error_object(last, "server_error")
+        assert "stage 1 failed: talker crashed" in error["message"]
+        await server.engine.aborted_everywhere(prompt, (0, 2))  # the others are stopped
+        assert (await scrape(server)).finished("error") == 1
+
+    async def test_the_openai_client_raises_while_iterating(self, server):
+        prompt = MANUAL + "fails for the client"
+        got: list[str] = []
+        async with openai_client(server) as client, trio.open_nursery() as nursery:
+            nursery.start_soon(emit_text_then_fail, server, prompt, ["only "])
+            stream = await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": prompt}], stream=True
+            )
+            with pytest.raises(openai.APIError, match="talker crashed"):
+                async for chunk in stream:
+                    got.append(chunk.choices[0].delta.content)
+        assert got == ["only "]
+
+    async def test_whole_response_is_a_500_error_object(self, server):
+        prompt = MANUAL + "fails whole"
+        async with http_client() as client, trio.open_nursery() as nursery:
+            nursery.start_soon(emit_text_then_fail, server, prompt, ["lost "])
+            response = await client.post(server.chat_url(), json=chat_body(prompt))
+        assert response.status_code == 500
+        error = assert_error_object(response.json(), "server_error")
+        assert "talker crashed" in error["message"]
+
+
+# -- 7. max_tokens ---------------------------------------------------------------------------
+
+
+class TestTokenLimit:
+    @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+    async def test_the_stream_stops_after_n_deltas_and_the_request_is_aborted(self, server, field):
+        prompt = MANUAL + field
+        deltas = text_of(prompt)  # the stages go on; the server stops after 2
+
+        async def emit():
+            rid = await server.engine.submitted(prompt, 2)
+            for delta in deltas:
+                await server.stages[0].emit(rid, delta)
+
+        async with http_client() as client, trio.open_nursery() as nursery:
+            nursery.start_soon(emit)
+            response = await client.post(
+                server.chat_url(), json=chat_body(prompt, stream=True, **{field: 2})
+            )
+        events = sse_events(response.content)
+        assert texts(events) == deltas[:2]
+        [(at, finish)] = finish_chunks(events)
+        assert finish["choices"][0]["finish_reason"] == "length"
+        assert events[at + 1 :] == ["[DONE]"]
+        await server.engine.aborted_everywhere(prompt)
+        metrics = await scrape(server)
+        assert (metrics.finished("length"), metrics.finished("aborted")) == (1, 0)
+
+    async def test_whole_response_finish_reason_length(self, server):
+        prompt = MANUAL + "whole and long"
+
+        async def emit():
+            rid = await server.engine.submitted(prompt, 2)
+            for delta in text_of(prompt):
+                await server.stages[0].emit(rid, delta)
+
+        async with openai_client(server) as client, trio.open_nursery() as nursery:
+            nursery.start_soon(emit)
+            completion = await client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": prompt}],
+                max_completion_tokens=3,
+            )
+        assert completion.choices[0].finish_reason == "length"
+        assert completion.choices[0].message.content == "".join(text_of(prompt)[:3])
+        assert completion.usage.completion_tokens == 3
+        await server.engine.aborted_everywhere(prompt)
+
+    async def test_a_limit_the_answer_stays_under_is_no_limit(self, server):
+        async with http_client() as client:
+            response = await client.post(
+                server.chat_url(), json=chat_body("short", stream=True, max_tokens=TEXT_DELTAS)
+            )
+        events = sse_events(response.content)
+        assert texts(events) == text_of("short")
+        [(_, finish)] = finish_chunks(events)
+        # the limit was reached by the last delta: the answer was cut there
+        assert finish["choices"][0]["finish_reason"] in ("length", "stop")
