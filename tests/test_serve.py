@@ -8,6 +8,8 @@ by a generous ``fail_after`` that only a hang would reach.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import partial
 
 import httpx
@@ -28,6 +30,7 @@ from serve_helpers import (
     audio_of,
     b64,
     chat_body,
+    raw_request,
     running_server,
     sse_events,
     text_of,
@@ -526,9 +529,14 @@ class TestStageError:
             stream = await client.chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": prompt}], stream=True
             )
-            with pytest.raises(openai.APIError, match="talker crashed"):
+
+            async def iterate():
                 async for chunk in stream:
                     got.append(chunk.choices[0].delta.content)
+
+            with pytest.raises(openai.APIError, match="talker crashed") as caught:
+                await iterate()
+        assert caught.value.body["type"] == "server_error"
         assert got == ["only "]
 
     async def test_whole_response_is_a_500_error_object(self, server):
@@ -590,12 +598,121 @@ class TestTokenLimit:
         await server.engine.aborted_everywhere(prompt)
 
     async def test_a_limit_the_answer_stays_under_is_no_limit(self, server):
+        body = chat_body(
+            "short", stream=True, max_tokens=TEXT_DELTAS + 1, audio={"format": "pcm16"}
+        )
         async with http_client() as client:
-            response = await client.post(
-                server.chat_url(), json=chat_body("short", stream=True, max_tokens=TEXT_DELTAS)
-            )
+            response = await client.post(server.chat_url(), json=body)
         events = sse_events(response.content)
         assert texts(events) == text_of("short")
+        assert [b64(a["data"]) for a in audios(events)] == audio_of("short")
         [(_, finish)] = finish_chunks(events)
-        # the limit was reached by the last delta: the answer was cut there
-        assert finish["choices"][0]["finish_reason"] in ("length", "stop")
+        assert finish["choices"][0]["finish_reason"] == "stop"
+
+
+# -- 8. clients that hang up -------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def connected(server, receive_buffer: int | None = None) -> AsyncIterator[trio.SocketStream]:
+    """A raw connection, closed at the latest when the block is left; with its kernel
+    receive buffer fixed at ``receive_buffer`` bytes (no autotuning) if given."""
+    sock = trio.socket.socket()
+    if receive_buffer is not None:
+        sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, receive_buffer)
+    async with trio.SocketStream(sock) as stream:
+        await sock.connect(("127.0.0.1", server.port))
+        yield stream
+
+
+async def stage_outputs(server, label: str) -> float:
+    return (await scrape(server))["omni_trio:stage_outputs_total", {"stage": label}]
+
+
+class TestDisconnect:
+    async def test_before_the_first_byte_every_stage_gets_abort(self, server):
+        prompt = MANUAL + "hangs up before any output"
+        async with connected(server) as sock:
+            await sock.send_all(raw_request(server.port, chat_body(prompt)))
+            for stage_id in range(3):
+                await server.engine.submitted(prompt, stage_id)
+        await server.engine.aborted_everywhere(prompt)
+        metrics = await scrape(server)
+        assert metrics.finished("aborted") == 1
+        assert metrics["omni_trio:num_requests_running"] == 0
+
+    async def test_while_waiting_for_admission_the_request_never_runs(self):
+        async with running_server(max_in_flight=1, max_waiting=4) as server:
+            held, gone = MANUAL + "holds the slot", "hangs up while waiting"
+            async with http_client() as client, trio.open_nursery() as nursery:
+                first: list[httpx.Response] = []
+
+                async def hold():
+                    first.append(await client.post(server.chat_url(), json=chat_body(held)))
+
+                nursery.start_soon(hold)
+                await server.engine.submitted(held)
+                async with connected(server) as sock:
+                    await sock.send_all(raw_request(server.port, chat_body(gone, stream=True)))
+                    with trio.fail_after(PROMPTLY):
+                        await server.state.active.wait_value(2)
+                    assert (await scrape(server))["omni_trio:num_requests_waiting"] == 1
+                with trio.fail_after(PROMPTLY):
+                    await server.state.active.wait_value(1)
+                assert (await scrape(server))["omni_trio:num_requests_waiting"] == 0
+                await server.engine.play_all(held)
+            assert first[0].status_code == 200
+            await trio.testing.wait_all_tasks_blocked()
+            assert not server.engine.was_submitted(gone, 0)  # it never took the slot
+            assert (await scrape(server)).finished("completed") == 1
+
+    async def test_mid_stream_every_stage_gets_abort(self, server):
+        prompt = MANUAL + "hangs up midway"
+        async with openai_client(server) as client:
+            stream = await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": prompt}], stream=True
+            )
+            rid = await server.engine.submitted(prompt, 2)
+            got = []
+            for delta in text_of(prompt)[:2]:
+                await server.stages[0].emit(rid, delta)
+                chunk = await stream.__anext__()
+                got.append(chunk.choices[0].delta.content)
+            assert got == text_of(prompt)[:2]
+            await stream.close()
+            await server.engine.aborted_everywhere(prompt)
+        metrics = await scrape(server)
+        assert metrics.finished("aborted") == 1
+        assert metrics["omni_trio:stage_outputs_total", {"stage": "thinker"}] == 2
+
+    async def test_while_the_server_is_blocked_writing_every_stage_gets_abort(self, server):
+        """A client that sends its request and never reads: once the socket buffers are
+        full the server's send blocks and the outputs pile up; hanging up ends it."""
+        prompt = MANUAL + "never reads"
+        chunk = b"\x01\x02" * (1 << 17)  # 256 KiB of PCM: ~350 KB as an SSE event
+        async with connected(server, receive_buffer=16 * 1024) as sock:
+            body = chat_body(prompt, stream=True, audio={"format": "pcm16"})
+            await sock.send_all(raw_request(server.port, body))
+            rid = await server.engine.submitted(prompt, 2)
+            emitted = taken = 0
+            with trio.fail_after(PROMPTLY * 2):
+                # Rounds of 8 outputs, until the server has been given far more than the
+                # kernel buffers hold (<= ~4 MiB) and takes none of a whole round.
+                while True:
+                    for _ in range(8):
+                        await server.stages[2].emit(rid, chunk)
+                    emitted += 8
+                    await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+                    now = await stage_outputs(server, "code2wav")
+                    if emitted >= 32 and now == taken:
+                        break
+                    taken = now
+            assert 1 <= taken < emitted  # the outputs pile up: the server is stuck
+            metrics = await scrape(server)
+            assert metrics["omni_trio:num_requests_running"] == 1
+            assert metrics.finished("aborted") == 0
+            assert rid not in server.stages[2].aborts
+        await server.engine.aborted_everywhere(prompt)
+        metrics = await scrape(server)
+        assert metrics.finished("aborted") == 1
+        assert metrics["omni_trio:num_requests_running"] == 0
