@@ -19,6 +19,7 @@ import trio
 import trio.testing
 
 from serve_helpers import (
+    AUDIO,
     AUDIO_CHUNKS,
     MANUAL,
     MODEL,
@@ -716,3 +717,137 @@ class TestDisconnect:
         metrics = await scrape(server)
         assert metrics.finished("aborted") == 1
         assert metrics["omni_trio:num_requests_running"] == 0
+
+
+# -- 9. /metrics ---------------------------------------------------------------------------------
+
+
+async def test_metrics_count_what_happened(server):
+    """Two completed requests, one failed by a stage, one hung up on, one cut by
+    max_tokens: the counters, gauges and histograms say exactly that."""
+    async with http_client() as client:
+        for prompt in ("first", "second"):
+            ok = await client.post(server.chat_url(), json=chat_body(prompt, stream=True))
+            assert (
+                finish_chunks(sse_events(ok.content))[0][1]["choices"][0]["finish_reason"] == "stop"
+            )
+
+        failing = MANUAL + "error"
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(emit_text_then_fail, server, failing, ["a "])
+            await client.post(server.chat_url(), json=chat_body(failing))
+
+        gone = MANUAL + "gone"
+        async with connected(server) as sock:
+            await sock.send_all(raw_request(server.port, chat_body(gone, stream=True)))
+            rid = await server.engine.submitted(gone, 2)
+            await server.stages[0].emit(rid, "b ")
+            received = b""
+            while b'"content":"b "' not in received:
+                received += await sock.receive_some()
+        await server.engine.aborted_everywhere(gone)
+
+        cut = MANUAL + "cut"
+
+        async def emit():
+            rid = await server.engine.submitted(cut, 2)
+            for delta in ("c ", "d "):
+                await server.stages[0].emit(rid, delta)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(emit)
+            await client.post(server.chat_url(), json=chat_body(cut, max_tokens=1))
+        await server.engine.aborted_everywhere(cut)
+
+    metrics = await scrape(server)
+    assert {r: metrics.finished(r) for r in ("completed", "error", "aborted", "length")} == {
+        "completed": 2,
+        "error": 1,
+        "aborted": 1,
+        "length": 1,
+    }
+    assert metrics["omni_trio:num_requests_running"] == 0
+    assert metrics["omni_trio:num_requests_waiting"] == 0
+    # text deltas: 4 + 4 + 1 (error) + 1 (gone) + 1 (cut); audio: 3 + 3
+    assert metrics["omni_trio:stage_outputs_total", {"stage": TEXT.label}] == 2 * TEXT_DELTAS + 3
+    assert metrics["omni_trio:stage_outputs_total", {"stage": AUDIO.label}] == 2 * AUDIO_CHUNKS
+    assert metrics["omni_trio:e2e_request_latency_seconds_count"] == 5
+    assert metrics["omni_trio:time_to_first_token_seconds_count"] == 5
+    assert metrics["omni_trio:time_to_first_audio_seconds_count"] == 2
+    assert metrics["omni_trio:e2e_request_latency_seconds_sum"] > 0
+    for label in ("stage0", "stage1", "stage2"):
+        assert metrics["omni_trio:stage_alive", {"stage": label}] == 1
+
+
+# -- 10. draining -------------------------------------------------------------------------------
+
+
+class TestDrain:
+    async def test_a_graceful_stop_lets_the_request_in_flight_finish(self):
+        """/health and new requests get 503 at once; the request in flight streams to
+        its end; then serve returns."""
+        prompt = MANUAL + "in flight"
+        async with running_server() as server:
+            async with http_client() as client:
+                async with client.stream(
+                    "POST", server.chat_url(), json=chat_body(prompt, stream=True)
+                ) as response:
+                    rid = await server.engine.submitted(prompt, 2)
+                    await server.stages[0].emit(rid, text_of(prompt)[0])
+                    chunks = response.aiter_bytes()
+                    body = b""
+                    while b"\n\n" not in body:
+                        body += await chunks.__anext__()
+                    assert json.loads(body[6 : body.index(b"\n")])["choices"][0]["delta"]
+
+                    server.stopping.set()
+                    async with http_client() as other:  # a new connection
+                        health = await other.get(server.url + "/health")
+                        refused = await other.post(server.chat_url(), json=chat_body("too late"))
+                    assert (health.status_code, health.text) == (503, "draining")
+                    assert refused.status_code == 503
+                    assert refused.headers["retry-after"] == "1"
+                    error = assert_error_object(refused.json(), "server_error")
+                    assert error["code"] == "server_shutting_down"
+                    assert not server.engine.was_submitted("too late", 0)
+
+                    *deltas, last = text_of(prompt)[1:]
+                    for delta in deltas:
+                        await server.stages[0].emit(rid, delta)
+                    await server.stages[0].emit(rid, last, finished=True)
+                    await server.engine.play(1, rid, prompt)
+                    await server.engine.play(2, rid, prompt)
+                    body += b"".join([chunk async for chunk in chunks])
+                events = sse_events(body)
+                assert texts(events) == text_of(prompt)
+                assert len(audios(events)) == AUDIO_CHUNKS
+                [(_, finish)] = finish_chunks(events)
+                assert finish["choices"][0]["finish_reason"] == "stop"
+            with trio.fail_after(PROMPTLY):  # the client's connections are closed
+                await server.returned.wait()
+            assert rid not in server.stages[0].aborts
+            assert Metrics(server.state.metrics.render().decode()).finished("completed") == 1
+
+    async def test_requests_still_running_after_the_grace_are_told_and_aborted(self):
+        async with running_server(shutdown_grace=0.2) as server, http_client() as client:
+            prompt = MANUAL + "too slow"
+
+            async def stop_once_streaming():
+                rid = await server.engine.submitted(prompt, 2)
+                await server.stages[0].emit(rid, "partial ")
+                await trio.testing.wait_all_tasks_blocked()
+                server.stopping.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stop_once_streaming)
+                response = await client.post(server.chat_url(), json=chat_body(prompt, stream=True))
+            events = sse_events(response.content)
+            assert texts(events) == ["partial "]
+            assert finish_chunks(events) == []
+            error = assert_error_object(events[-2], "server_error")
+            assert error["code"] == "server_shutting_down"
+            await server.engine.aborted_everywhere(prompt)
+            with trio.fail_after(PROMPTLY):
+                await server.returned.wait()
+            metrics = Metrics(server.state.metrics.render().decode())
+            assert metrics.finished("aborted") == 1
