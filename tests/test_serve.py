@@ -1,0 +1,853 @@
+"""The OpenAI-compatible server, in process: the real ``openai`` client and raw HTTP
+against ``serve`` over a scripted pipeline (see ``serve_helpers``).
+
+Real sockets and real time: no autojump clock, so every wait is on an event, bounded
+by a generous ``fail_after`` that only a hang would reach.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+
+import httpx
+import openai
+import pytest
+import trio
+import trio.testing
+
+from serve_helpers import (
+    AUDIO,
+    AUDIO_CHUNKS,
+    MANUAL,
+    MODEL,
+    PROMPTLY,
+    SAMPLE_RATE,
+    TEXT,
+    TEXT_DELTAS,
+    Metrics,
+    audio_of,
+    b64,
+    chat_body,
+    raw_request,
+    running_server,
+    sse_events,
+    text_of,
+    wav_frames,
+)
+
+# The openai client leaves its SSE decoder's async generators unfinished after
+# ``[DONE]``; under Trio their garbage collection warns (the client's own comment:
+# "support non asyncio runtimes here"). Only those warnings are let through.
+pytestmark = pytest.mark.filterwarnings(
+    r"ignore:Async generator '(openai|httpx2|httpcore2)\.:ResourceWarning"
+)
+
+
+@pytest.fixture
+async def server():
+    async with running_server() as server:
+        yield server
+
+
+def openai_client(server, **kwargs) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url=server.url + "/v1", api_key="test", max_retries=0, timeout=PROMPTLY, **kwargs
+    )
+
+
+def http_client() -> httpx.AsyncClient:
+    return httpx.AsyncClient(timeout=PROMPTLY)
+
+
+async def scrape(server) -> Metrics:
+    async with http_client() as client:
+        response = await client.get(server.url + "/metrics")
+    assert response.status_code == 200
+    return Metrics(response.text)
+
+
+def content_chunks(events):
+    """The chunks that carry text or audio."""
+    return [e for e in events if e != "[DONE]" and e.get("choices") and e["choices"][0]["delta"]]
+
+
+def finish_chunks(events):
+    return [
+        (i, e)
+        for i, e in enumerate(events)
+        if e != "[DONE]" and e.get("choices") and e["choices"][0]["finish_reason"] is not None
+    ]
+
+
+def texts(events) -> list[str]:
+    return [
+        c["choices"][0]["delta"]["content"]
+        for c in content_chunks(events)
+        if "content" in c["choices"][0]["delta"]
+    ]
+
+
+def audios(events) -> list[dict]:
+    return [
+        c["choices"][0]["delta"]["audio"]
+        for c in content_chunks(events)
+        if "audio" in c["choices"][0]["delta"]
+    ]
+
+
+def assert_error_object(body, status_type=None) -> dict:
+    """``{"error": {"message", "type", "param", "code"}}``, nothing else."""
+    assert set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str)
+    assert error["message"]
+    if status_type is not None:
+        assert error["type"] == status_type
+    return error
+
+
+# -- 1. streaming -------------------------------------------------------------------------
+
+
+class TestStreaming:
+    @pytest.mark.parametrize("audio_format", ["pcm16", "wav"])
+    async def test_the_stream_is_exactly_what_the_stages_emitted(self, server, audio_format):
+        prompt = f"say it in {audio_format}"
+        body = chat_body(
+            prompt,
+            stream=True,
+            stream_options={"include_usage": True},
+            audio={"format": audio_format, "voice": "Chelsie"},
+        )
+        async with http_client() as client:
+            response = await client.post(server.chat_url(), json=body)
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.content.endswith(b"data: [DONE]\n\n")
+        events = sse_events(response.content)
+        chunks = events[:-1]
+        assert {(c["id"], c["object"], c["model"]) for c in chunks} == {
+            (chunks[0]["id"], "chat.completion.chunk", MODEL)
+        }
+
+        assert texts(events) == text_of(prompt)
+        audio = audios(events)
+        assert len({a["id"] for a in audio}) == 1
+        if audio_format == "pcm16":
+            assert [b64(a["data"]) for a in audio] == audio_of(prompt)
+        else:
+            for delta, pcm in zip(audio, audio_of(prompt), strict=True):
+                assert wav_frames(b64(delta["data"])) == (pcm, SAMPLE_RATE)
+        # the role comes once, with the first delta
+        roles = [c["choices"][0]["delta"].get("role") for c in content_chunks(events)]
+        assert roles == ["assistant"] + [None] * (TEXT_DELTAS + AUDIO_CHUNKS - 1)
+
+        # one finish chunk, after every content chunk; then the usage chunk; [DONE]
+        [(at, finish)] = finish_chunks(events)
+        assert finish["choices"] == [{"index": 0, "delta": {}, "finish_reason": "stop"}]
+        assert at == len(content_chunks(events))
+        usage = events[at + 1]
+        assert usage["choices"] == []
+        assert usage["usage"] == {
+            "prompt_tokens": len(prompt.split()),
+            "completion_tokens": TEXT_DELTAS,
+            "total_tokens": len(prompt.split()) + TEXT_DELTAS,
+        }
+        assert events[at + 2 :] == ["[DONE]"]
+        assert all(c["usage"] is None for c in chunks if c is not usage)
+
+    async def test_without_include_usage_no_usage_chunk(self, server):
+        async with http_client() as client:
+            response = await client.post(server.chat_url(), json=chat_body("plain", stream=True))
+        events = sse_events(response.content)
+        [(at, _)] = finish_chunks(events)
+        assert events[at + 1 :] == ["[DONE]"]
+        assert all(e["choices"] for e in events[:-1])
+
+    async def test_openai_client_streams_text_and_audio(self, server):
+        prompt = "through the client"
+        async with openai_client(server) as client:
+            stream = await client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": prompt}],
+                modalities=["text", "audio"],
+                audio={"format": "pcm16", "voice": "Chelsie"},
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            chunks = [chunk async for chunk in stream]
+        text = [
+            c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content
+        ]
+        audio = [
+            b64(c.choices[0].delta.audio.data)
+            for c in chunks
+            if c.choices and c.choices[0].delta.audio is not None
+        ]
+        assert text == text_of(prompt)
+        assert audio == audio_of(prompt)
+        reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+        assert reasons == [None] * (TEXT_DELTAS + AUDIO_CHUNKS) + ["stop"]
+        assert chunks[-1].choices == []
+        assert chunks[-1].usage.completion_tokens == TEXT_DELTAS
+
+
+# -- 2. whole responses ----------------------------------------------------------------
+
+
+class TestWhole:
+    async def test_message_holds_all_text_and_a_wav_of_all_audio(self, server):
+        prompt = "all at once"
+        async with openai_client(server) as client:
+            completion = await client.chat.completions.create(
+                model=MODEL,
+                messages=[
+                    {"role": "system", "content": "be brief"},
+                    {"role": "user", "content": prompt},
+                ],
+            )
+        [choice] = completion.choices
+        assert choice.finish_reason == "stop"
+        assert choice.message.role == "assistant"
+        assert choice.message.content == "".join(text_of(prompt))
+        audio = choice.message.audio
+        assert wav_frames(b64(audio.data)) == (b"".join(audio_of(prompt)), SAMPLE_RATE)
+        assert audio.transcript == "".join(text_of(prompt))
+        assert audio.id.startswith("audio-")
+        assert completion.usage.completion_tokens == TEXT_DELTAS
+        metrics = completion.model_extra["metrics"]
+        assert set(metrics) == {"time_to_first_token", "time_to_first_audio", "e2e_latency"}
+        assert 0 < metrics["time_to_first_token"] <= metrics["e2e_latency"]
+        assert 0 < metrics["time_to_first_audio"] <= metrics["e2e_latency"]
+
+    async def test_content_parts_and_pcm16(self, server):
+        prompt = "in parts"
+        body = chat_body("", audio={"format": "pcm16"})
+        body["messages"] = [
+            {"role": "user", "content": "an earlier question"},
+            {"role": "assistant", "content": "an answer"},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "in "}, {"type": "text", "text": "parts"}],
+            },
+        ]
+        async with http_client() as client:
+            response = await client.post(server.chat_url(), json=body)
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "application/json"
+        message = response.json()["choices"][0]["message"]
+        assert message["content"] == "".join(text_of(prompt))  # the last user message
+        assert b64(message["audio"]["data"]) == b"".join(audio_of(prompt))
+
+
+# -- 3. modalities ------------------------------------------------------------------------
+
+
+class TestModalities:
+    async def test_text_only_submits_the_thinker_alone(self, server):
+        prompt = "just text"
+        async with http_client() as client:
+            response = await client.post(
+                server.chat_url(), json=chat_body(prompt, modalities=["text"], stream=True)
+            )
+        events = sse_events(response.content)
+        assert texts(events) == text_of(prompt)
+        assert audios(events) == []
+        await trio.testing.wait_all_tasks_blocked()
+        rid = await server.engine.submitted(prompt, 0)
+        assert server.stages[1].submissions == []
+        assert server.stages[2].submissions == []
+        assert rid not in server.stages[0].aborts
+
+    async def test_text_only_whole_response_has_no_audio(self, server):
+        async with openai_client(server) as client:
+            completion = await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "words"}], modalities=["text"]
+            )
+        assert completion.choices[0].message.content == "".join(text_of("words"))
+        assert completion.choices[0].message.audio is None
+        assert completion.model_extra["metrics"]["time_to_first_audio"] is None
+
+    async def test_audio_only_runs_every_stage_and_shows_no_text(self, server):
+        prompt = "just audio"
+        async with http_client() as client:
+            streamed = await client.post(
+                server.chat_url(),
+                json=chat_body(
+                    prompt, modalities=["audio"], stream=True, audio={"format": "pcm16"}
+                ),
+            )
+            whole = await client.post(
+                server.chat_url(), json=chat_body(prompt + "!", modalities=["audio"])
+            )
+        events = sse_events(streamed.content)
+        assert texts(events) == []
+        assert [b64(a["data"]) for a in audios(events)] == audio_of(prompt)
+        for stage_id in range(3):
+            await server.engine.submitted(prompt, stage_id)
+        message = whole.json()["choices"][0]["message"]
+        assert message["content"] is None
+        assert wav_frames(b64(message["audio"]["data"])) == (
+            b"".join(audio_of(prompt + "!")),
+            SAMPLE_RATE,
+        )
+
+
+# -- 4. isolation ---------------------------------------------------------------------------
+
+
+async def test_ten_concurrent_streams_each_get_their_own_data(server):
+    results: dict[str, tuple[list[str], list[bytes]]] = {}
+
+    async def one(client, prompt):
+        stream = await client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": prompt}],
+            audio={"format": "pcm16", "voice": "Ethan"},
+            stream=True,
+        )
+        text, audio = [], []
+        async for chunk in stream:
+            delta = chunk.choices[0].delta
+            if delta.content:
+                text.append(delta.content)
+            if delta.audio is not None:
+                audio.append(b64(delta.audio.data))
+        results[prompt] = (text, audio)
+
+    prompts = [f"request {i}" for i in range(10)]
+    async with openai_client(server) as client, trio.open_nursery() as nursery:
+        for prompt in prompts:
+            nursery.start_soon(one, client, prompt)
+    assert results == {p: (text_of(p), audio_of(p)) for p in prompts}
+    assert len({server.stages[0].submitted_ids()[i] for i in range(10)}) == 10
+
+
+# -- 11. health and models ------------------------------------------------------------------
+
+
+async def test_health_and_models(server):
+    async with http_client() as client:
+        assert (await client.get(server.url + "/health")).status_code == 200
+        raw = (await client.get(server.url + "/v1/models")).json()
+    assert raw["object"] == "list"
+    assert [(m["id"], m["object"], m["owned_by"]) for m in raw["data"]] == [
+        (MODEL, "model", "omni_trio")
+    ]
+    async with openai_client(server) as client:
+        models = await client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+
+
+# -- 5. errors before the pipeline ----------------------------------------------------------
+
+
+def valid(**fields):
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **fields}
+
+
+class TestRequestErrors:
+    @pytest.mark.parametrize(
+        ("body", "param", "match"),
+        [
+            (b'{"model": "x", "messages": [', None, "not valid JSON"),
+            (b"", None, "not valid JSON"),
+            (json.dumps(valid(messages=[])).encode(), "messages", "must not be empty"),
+            (json.dumps(valid(stream="yes")).encode(), "stream", "Expected `bool`"),
+            (json.dumps(valid(messages="hi")).encode(), "messages", "Expected `array`"),
+            (json.dumps(valid(max_tokens=0)).encode(), "max_tokens", ">= 1"),
+            (json.dumps(valid(max_completion_tokens=-3)).encode(), "max_completion_tokens", ">= 1"),
+            (
+                json.dumps(valid(messages=[{"role": "robot", "content": "hi"}])).encode(),
+                "messages[0].role",
+                None,
+            ),
+            (
+                json.dumps(valid(messages=[{"role": "system", "content": "be brief"}])).encode(),
+                "messages",
+                "no message with role 'user'",
+            ),
+            (
+                json.dumps(valid(messages=[{"role": "user", "content": "  "}])).encode(),
+                "messages",
+                "no text",
+            ),
+            (json.dumps(valid(modalities=["video"])).encode(), "modalities", "unknown modality"),
+            (json.dumps(valid(modalities=[])).encode(), "modalities", "must not be empty"),
+            (json.dumps(valid(audio={"format": "mp3"})).encode(), "audio.format", None),
+            (json.dumps({"messages": []}).encode(), None, "model"),
+        ],
+    )
+    async def test_bad_requests_get_400_and_reach_no_stage(self, server, body, param, match):
+        async with http_client() as client:
+            response = await client.post(
+                server.chat_url(), content=body, headers={"content-type": "application/json"}
+            )
+        assert response.status_code == 400, response.text
+        assert response.headers["content-type"] == "application/json"
+        error = assert_error_object(response.json(), "invalid_request_error")
+        assert error["param"] == param
+        if match is not None:
+            assert match in error["message"]
+        assert server.stages[0].submissions == []
+
+    async def test_audio_from_a_text_only_model_is_400(self):
+        async with running_server(outputs=(TEXT,)) as server, http_client() as client:
+            response = await client.post(
+                server.chat_url(), json=chat_body("speak", modalities=["text", "audio"])
+            )
+            assert response.status_code == 400
+            error = assert_error_object(response.json(), "invalid_request_error")
+            assert error["param"] == "modalities"
+            assert "has no audio output" in error["message"]
+            # without modalities it is text, from the thinker alone
+            ok = await client.post(server.chat_url(), json=chat_body("write"))
+            assert ok.json()["choices"][0]["message"] == {
+                "content": "".join(text_of("write")),
+                "role": "assistant",
+                "audio": None,
+            }
+            assert server.stages[2].submissions == []
+
+    async def test_unknown_model_is_404(self, server):
+        async with http_client() as client:
+            response = await client.post(
+                server.chat_url(), json={**chat_body("hi"), "model": "gpt-4o"}
+            )
+        assert response.status_code == 404
+        error = assert_error_object(response.json(), "invalid_request_error")
+        assert (error["param"], error["code"]) == ("model", "model_not_found")
+        async with openai_client(server) as client:
+            with pytest.raises(openai.NotFoundError) as caught:
+                await client.chat.completions.create(
+                    model="gpt-4o", messages=[{"role": "user", "content": "hi"}], stream=True
+                )
+        assert caught.value.status_code == 404
+        assert caught.value.code == "model_not_found"
+        assert server.stages[0].submissions == []
+
+    async def test_wrong_method_and_path(self, server):
+        async with http_client() as client:
+            assert (await client.get(server.chat_url())).status_code == 405
+            assert (await client.get(server.url + "/v1/nothing")).status_code == 404
+
+
+class TestCapacity:
+    async def test_503_at_once_when_running_and_waiting_are_full(self):
+        async with running_server(max_in_flight=1, max_waiting=0) as server:
+            held = MANUAL + "holds the only slot"
+            async with http_client() as client, trio.open_nursery() as nursery:
+                first: list[httpx.Response] = []
+
+                async def hold():
+                    first.append(await client.post(server.chat_url(), json=chat_body(held)))
+
+                nursery.start_soon(hold)
+                await server.engine.submitted(held)
+                with trio.fail_after(PROMPTLY):
+                    refused = await client.post(server.chat_url(), json=chat_body("second"))
+                assert refused.status_code == 503
+                assert refused.headers["retry-after"] == "1"
+                error = assert_error_object(refused.json(), "server_error")
+                assert error["code"] == "server_overloaded"
+                assert "max_in_flight=1" in error["message"]
+                assert not server.engine.was_submitted("second", 0)
+                await server.engine.play_all(held)
+            assert first[0].status_code == 200
+            assert first[0].json()["choices"][0]["message"]["content"] == "".join(text_of(held))
+
+    async def test_a_waiting_request_runs_once_the_slot_frees(self):
+        async with running_server(max_in_flight=1, max_waiting=1) as server:
+            held, waiting = MANUAL + "first", "waits its turn"
+            responses: dict[str, httpx.Response] = {}
+            async with http_client() as client, trio.open_nursery() as nursery:
+
+                async def post(prompt, **fields):
+                    responses[prompt] = await client.post(
+                        server.chat_url(), json=chat_body(prompt, **fields)
+                    )
+
+                nursery.start_soon(post, held)
+                await server.engine.submitted(held)
+                nursery.start_soon(partial(post, waiting, stream=True))
+                with trio.fail_after(PROMPTLY):
+                    await server.state.active.wait_value(2)
+                metrics = await scrape(server)
+                assert metrics["omni_trio:num_requests_running"] == 1
+                assert metrics["omni_trio:num_requests_waiting"] == 1
+                third = await client.post(server.chat_url(), json=chat_body("third"))
+                assert third.status_code == 503
+                await trio.testing.wait_all_tasks_blocked()
+                assert not server.engine.was_submitted(waiting, 0)
+                await server.engine.play_all(held)
+            assert texts(sse_events(responses[waiting].content)) == text_of(waiting)
+            assert responses[held].status_code == 200
+            metrics = await scrape(server)
+            assert metrics["omni_trio:num_requests_running"] == 0
+            assert metrics["omni_trio:num_requests_waiting"] == 0
+            assert metrics.finished("completed") == 2
+
+
+# -- 6. a stage's error ---------------------------------------------------------------------
+
+
+async def emit_text_then_fail(server, prompt, deltas):
+    """The thinker sends ``deltas``, then (once they are on their way to the client:
+    stages' outputs are not ordered across stages) the talker fails the request."""
+    rid = await server.engine.submitted(prompt, 1)
+    for delta in deltas:
+        await server.stages[0].emit(rid, delta)
+    await trio.testing.wait_all_tasks_blocked()
+    await server.stages[1].emit(rid, error="talker crashed")
+
+
+class TestStageError:
+    async def test_mid_stream_an_error_event_then_done(self, server):
+        prompt = MANUAL + "fails midway"
+        async with http_client() as client, trio.open_nursery() as nursery:
+            nursery.start_soon(emit_text_then_fail, server, prompt, ["one ", "two "])
+            response = await client.post(server.chat_url(), json=chat_body(prompt, stream=True))
+        assert response.status_code == 200  # the headers had gone out
+        events = sse_events(response.content)
+        assert texts(events) == ["one ", "two "]
+        assert finish_chunks(events) == []
+        *_, last, done = events
+        assert done == "[DONE]"
+        error = assert_error_object(last, "server_error")
+        assert "stage 1 failed: talker crashed" in error["message"]
+        await server.engine.aborted_everywhere(prompt, (0, 2))  # the others are stopped
+        assert (await scrape(server)).finished("error") == 1
+
+    async def test_the_openai_client_raises_while_iterating(self, server):
+        prompt = MANUAL + "fails for the client"
+        got: list[str] = []
+        async with openai_client(server) as client, trio.open_nursery() as nursery:
+            nursery.start_soon(emit_text_then_fail, server, prompt, ["only "])
+            stream = await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": prompt}], stream=True
+            )
+
+            async def iterate():
+                async for chunk in stream:
+                    got.append(chunk.choices[0].delta.content)
+
+            with pytest.raises(openai.APIError, match="talker crashed") as caught:
+                await iterate()
+        assert caught.value.body["type"] == "server_error"
+        assert got == ["only "]
+
+    async def test_whole_response_is_a_500_error_object(self, server):
+        prompt = MANUAL + "fails whole"
+        async with http_client() as client, trio.open_nursery() as nursery:
+            nursery.start_soon(emit_text_then_fail, server, prompt, ["lost "])
+            response = await client.post(server.chat_url(), json=chat_body(prompt))
+        assert response.status_code == 500
+        error = assert_error_object(response.json(), "server_error")
+        assert "talker crashed" in error["message"]
+
+
+# -- 7. max_tokens ---------------------------------------------------------------------------
+
+
+class TestTokenLimit:
+    @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+    async def test_the_stream_stops_after_n_deltas_and_the_request_is_aborted(self, server, field):
+        prompt = MANUAL + field
+        deltas = text_of(prompt)  # the stages go on; the server stops after 2
+
+        async def emit():
+            rid = await server.engine.submitted(prompt, 2)
+            for delta in deltas:
+                await server.stages[0].emit(rid, delta)
+
+        async with http_client() as client, trio.open_nursery() as nursery:
+            nursery.start_soon(emit)
+            response = await client.post(
+                server.chat_url(), json=chat_body(prompt, stream=True, **{field: 2})
+            )
+        events = sse_events(response.content)
+        assert texts(events) == deltas[:2]
+        [(at, finish)] = finish_chunks(events)
+        assert finish["choices"][0]["finish_reason"] == "length"
+        assert events[at + 1 :] == ["[DONE]"]
+        await server.engine.aborted_everywhere(prompt)
+        metrics = await scrape(server)
+        assert (metrics.finished("length"), metrics.finished("aborted")) == (1, 0)
+
+    async def test_whole_response_finish_reason_length(self, server):
+        prompt = MANUAL + "whole and long"
+
+        async def emit():
+            rid = await server.engine.submitted(prompt, 2)
+            for delta in text_of(prompt):
+                await server.stages[0].emit(rid, delta)
+
+        async with openai_client(server) as client, trio.open_nursery() as nursery:
+            nursery.start_soon(emit)
+            completion = await client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": prompt}],
+                max_completion_tokens=3,
+            )
+        assert completion.choices[0].finish_reason == "length"
+        assert completion.choices[0].message.content == "".join(text_of(prompt)[:3])
+        assert completion.usage.completion_tokens == 3
+        await server.engine.aborted_everywhere(prompt)
+
+    async def test_a_limit_the_answer_stays_under_is_no_limit(self, server):
+        body = chat_body(
+            "short", stream=True, max_tokens=TEXT_DELTAS + 1, audio={"format": "pcm16"}
+        )
+        async with http_client() as client:
+            response = await client.post(server.chat_url(), json=body)
+        events = sse_events(response.content)
+        assert texts(events) == text_of("short")
+        assert [b64(a["data"]) for a in audios(events)] == audio_of("short")
+        [(_, finish)] = finish_chunks(events)
+        assert finish["choices"][0]["finish_reason"] == "stop"
+
+
+# -- 8. clients that hang up -------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def connected(server, receive_buffer: int | None = None) -> AsyncIterator[trio.SocketStream]:
+    """A raw connection, closed at the latest when the block is left; with its kernel
+    receive buffer fixed at ``receive_buffer`` bytes (no autotuning) if given."""
+    sock = trio.socket.socket()
+    if receive_buffer is not None:
+        sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, receive_buffer)
+    async with trio.SocketStream(sock) as stream:
+        await sock.connect(("127.0.0.1", server.port))
+        yield stream
+
+
+async def stage_outputs(server, label: str) -> float:
+    return (await scrape(server))["omni_trio:stage_outputs_total", {"stage": label}]
+
+
+class TestDisconnect:
+    async def test_before_the_first_byte_every_stage_gets_abort(self, server):
+        prompt = MANUAL + "hangs up before any output"
+        async with connected(server) as sock:
+            await sock.send_all(raw_request(server.port, chat_body(prompt)))
+            for stage_id in range(3):
+                await server.engine.submitted(prompt, stage_id)
+        await server.engine.aborted_everywhere(prompt)
+        metrics = await scrape(server)
+        assert metrics.finished("aborted") == 1
+        assert metrics["omni_trio:num_requests_running"] == 0
+
+    async def test_while_waiting_for_admission_the_request_never_runs(self):
+        async with running_server(max_in_flight=1, max_waiting=4) as server:
+            held, gone = MANUAL + "holds the slot", "hangs up while waiting"
+            async with http_client() as client, trio.open_nursery() as nursery:
+                first: list[httpx.Response] = []
+
+                async def hold():
+                    first.append(await client.post(server.chat_url(), json=chat_body(held)))
+
+                nursery.start_soon(hold)
+                await server.engine.submitted(held)
+                async with connected(server) as sock:
+                    await sock.send_all(raw_request(server.port, chat_body(gone, stream=True)))
+                    with trio.fail_after(PROMPTLY):
+                        await server.state.active.wait_value(2)
+                    assert (await scrape(server))["omni_trio:num_requests_waiting"] == 1
+                with trio.fail_after(PROMPTLY):
+                    await server.state.active.wait_value(1)
+                assert (await scrape(server))["omni_trio:num_requests_waiting"] == 0
+                await server.engine.play_all(held)
+            assert first[0].status_code == 200
+            await trio.testing.wait_all_tasks_blocked()
+            assert not server.engine.was_submitted(gone, 0)  # it never took the slot
+            assert (await scrape(server)).finished("completed") == 1
+
+    async def test_mid_stream_every_stage_gets_abort(self, server):
+        prompt = MANUAL + "hangs up midway"
+        async with openai_client(server) as client:
+            stream = await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": prompt}], stream=True
+            )
+            rid = await server.engine.submitted(prompt, 2)
+            got = []
+            for delta in text_of(prompt)[:2]:
+                await server.stages[0].emit(rid, delta)
+                chunk = await stream.__anext__()
+                got.append(chunk.choices[0].delta.content)
+            assert got == text_of(prompt)[:2]
+            await stream.close()
+            await server.engine.aborted_everywhere(prompt)
+        metrics = await scrape(server)
+        assert metrics.finished("aborted") == 1
+        assert metrics["omni_trio:stage_outputs_total", {"stage": "thinker"}] == 2
+
+    async def test_while_the_server_is_blocked_writing_every_stage_gets_abort(self, server):
+        """A client that sends its request and never reads: once the socket buffers are
+        full the server's send blocks and the outputs pile up; hanging up ends it."""
+        prompt = MANUAL + "never reads"
+        chunk = b"\x01\x02" * (1 << 17)  # 256 KiB of PCM: ~350 KB as an SSE event
+        async with connected(server, receive_buffer=16 * 1024) as sock:
+            body = chat_body(prompt, stream=True, audio={"format": "pcm16"})
+            await sock.send_all(raw_request(server.port, body))
+            rid = await server.engine.submitted(prompt, 2)
+            emitted = taken = 0
+            with trio.fail_after(PROMPTLY * 2):
+                # Rounds of 8 outputs, until the server has been given far more than the
+                # kernel buffers hold (<= ~4 MiB) and takes none of a whole round.
+                while True:
+                    for _ in range(8):
+                        await server.stages[2].emit(rid, chunk)
+                    emitted += 8
+                    await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+                    now = await stage_outputs(server, "code2wav")
+                    if emitted >= 32 and now == taken:
+                        break
+                    taken = now
+            assert 1 <= taken < emitted  # the outputs pile up: the server is stuck
+            metrics = await scrape(server)
+            assert metrics["omni_trio:num_requests_running"] == 1
+            assert metrics.finished("aborted") == 0
+            assert rid not in server.stages[2].aborts
+        await server.engine.aborted_everywhere(prompt)
+        metrics = await scrape(server)
+        assert metrics.finished("aborted") == 1
+        assert metrics["omni_trio:num_requests_running"] == 0
+
+
+# -- 9. /metrics ---------------------------------------------------------------------------------
+
+
+async def test_metrics_count_what_happened(server):
+    """Two completed requests, one failed by a stage, one hung up on, one cut by
+    max_tokens: the counters, gauges and histograms say exactly that."""
+    async with http_client() as client:
+        for prompt in ("first", "second"):
+            ok = await client.post(server.chat_url(), json=chat_body(prompt, stream=True))
+            assert (
+                finish_chunks(sse_events(ok.content))[0][1]["choices"][0]["finish_reason"] == "stop"
+            )
+
+        failing = MANUAL + "error"
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(emit_text_then_fail, server, failing, ["a "])
+            await client.post(server.chat_url(), json=chat_body(failing))
+
+        gone = MANUAL + "gone"
+        async with connected(server) as sock:
+            await sock.send_all(raw_request(server.port, chat_body(gone, stream=True)))
+            rid = await server.engine.submitted(gone, 2)
+            await server.stages[0].emit(rid, "b ")
+            received = b""
+            while b'"content":"b "' not in received:
+                received += await sock.receive_some()
+        await server.engine.aborted_everywhere(gone)
+
+        cut = MANUAL + "cut"
+
+        async def emit():
+            rid = await server.engine.submitted(cut, 2)
+            for delta in ("c ", "d "):
+                await server.stages[0].emit(rid, delta)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(emit)
+            await client.post(server.chat_url(), json=chat_body(cut, max_tokens=1))
+        await server.engine.aborted_everywhere(cut)
+
+    metrics = await scrape(server)
+    assert {r: metrics.finished(r) for r in ("completed", "error", "aborted", "length")} == {
+        "completed": 2,
+        "error": 1,
+        "aborted": 1,
+        "length": 1,
+    }
+    assert metrics["omni_trio:num_requests_running"] == 0
+    assert metrics["omni_trio:num_requests_waiting"] == 0
+    # text deltas: 4 + 4 + 1 (error) + 1 (gone) + 1 (cut); audio: 3 + 3
+    assert metrics["omni_trio:stage_outputs_total", {"stage": TEXT.label}] == 2 * TEXT_DELTAS + 3
+    assert metrics["omni_trio:stage_outputs_total", {"stage": AUDIO.label}] == 2 * AUDIO_CHUNKS
+    assert metrics["omni_trio:e2e_request_latency_seconds_count"] == 5
+    assert metrics["omni_trio:time_to_first_token_seconds_count"] == 5
+    assert metrics["omni_trio:time_to_first_audio_seconds_count"] == 2
+    assert metrics["omni_trio:e2e_request_latency_seconds_sum"] > 0
+    for label in ("stage0", "stage1", "stage2"):
+        assert metrics["omni_trio:stage_alive", {"stage": label}] == 1
+
+
+# -- 10. draining -------------------------------------------------------------------------------
+
+
+class TestDrain:
+    async def test_a_graceful_stop_lets_the_request_in_flight_finish(self):
+        """/health and new requests get 503 at once; the request in flight streams to
+        its end; then serve returns."""
+        prompt = MANUAL + "in flight"
+        async with running_server() as server:
+            async with http_client() as client:
+                async with client.stream(
+                    "POST", server.chat_url(), json=chat_body(prompt, stream=True)
+                ) as response:
+                    rid = await server.engine.submitted(prompt, 2)
+                    await server.stages[0].emit(rid, text_of(prompt)[0])
+                    chunks = response.aiter_bytes()
+                    body = b""
+                    while b"\n\n" not in body:
+                        body += await chunks.__anext__()
+                    assert json.loads(body[6 : body.index(b"\n")])["choices"][0]["delta"]
+
+                    server.stopping.set()
+                    async with http_client() as other:  # a new connection
+                        health = await other.get(server.url + "/health")
+                        refused = await other.post(server.chat_url(), json=chat_body("too late"))
+                    assert (health.status_code, health.text) == (503, "draining")
+                    assert refused.status_code == 503
+                    assert refused.headers["retry-after"] == "1"
+                    error = assert_error_object(refused.json(), "server_error")
+                    assert error["code"] == "server_shutting_down"
+                    assert not server.engine.was_submitted("too late", 0)
+
+                    *deltas, last = text_of(prompt)[1:]
+                    for delta in deltas:
+                        await server.stages[0].emit(rid, delta)
+                    await server.stages[0].emit(rid, last, finished=True)
+                    await server.engine.play(1, rid, prompt)
+                    await server.engine.play(2, rid, prompt)
+                    body += b"".join([chunk async for chunk in chunks])
+                events = sse_events(body)
+                assert texts(events) == text_of(prompt)
+                assert len(audios(events)) == AUDIO_CHUNKS
+                [(_, finish)] = finish_chunks(events)
+                assert finish["choices"][0]["finish_reason"] == "stop"
+            with trio.fail_after(PROMPTLY):  # the client's connections are closed
+                await server.returned.wait()
+            assert rid not in server.stages[0].aborts
+            assert Metrics(server.state.metrics.render().decode()).finished("completed") == 1
+
+    async def test_requests_still_running_after_the_grace_are_told_and_aborted(self):
+        async with running_server(shutdown_grace=0.2) as server, http_client() as client:
+            prompt = MANUAL + "too slow"
+
+            async def stop_once_streaming():
+                rid = await server.engine.submitted(prompt, 2)
+                await server.stages[0].emit(rid, "partial ")
+                await trio.testing.wait_all_tasks_blocked()
+                server.stopping.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stop_once_streaming)
+                response = await client.post(server.chat_url(), json=chat_body(prompt, stream=True))
+            events = sse_events(response.content)
+            assert texts(events) == ["partial "]
+            assert finish_chunks(events) == []
+            error = assert_error_object(events[-2], "server_error")
+            assert error["code"] == "server_shutting_down"
+            await server.engine.aborted_everywhere(prompt)
+            with trio.fail_after(PROMPTLY):
+                await server.returned.wait()
+            metrics = Metrics(server.state.metrics.render().decode())
+            assert metrics.finished("aborted") == 1
