@@ -665,7 +665,9 @@ class TestDisconnect:
             assert first[0].status_code == 200
             await trio.testing.wait_all_tasks_blocked()
             assert not server.engine.was_submitted(gone, 0)  # it never took the slot
-            assert (await scrape(server)).finished("completed") == 1
+            metrics = await scrape(server)
+            assert metrics.finished("completed") == 1
+            assert metrics.finished("aborted") == 1  # its client left: it ended, unrun
 
     async def test_mid_stream_every_stage_gets_abort(self, server):
         prompt = MANUAL + "hangs up midway"
