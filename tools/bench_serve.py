@@ -263,6 +263,7 @@ def _server_main(argv: list[str]) -> None:
 
     parser = argparse.ArgumentParser(prog="bench_serve.py _server")
     _pacing_arguments(parser)
+    parser.add_argument("--profile", type=Path)
     args = parser.parse_args(argv)
     config = bench_config(_pacing(args))
     app = app_for_config(config)
@@ -275,7 +276,14 @@ def _server_main(argv: list[str]) -> None:
             url = await nursery.start(partial(serve, app, port=0, stopping=stopping))
             print(url, flush=True)
 
-    run_under_signals(main, grace=15.0)
+    if args.profile is None:
+        run_under_signals(main, grace=15.0)
+        return
+    from pyinstrument import Profiler
+
+    with Profiler(interval=0.0005, async_mode="disabled") as profiler:
+        run_under_signals(main, grace=15.0)
+    args.profile.write_text(profiler.output_text(unicode=True, color=False, show_all=True))
 
 
 # -- the clients ------------------------------------------------------------------------
@@ -318,6 +326,7 @@ class Level:
     errors: list[str] = field(default_factory=list)
     cpu: float = 0.0  # seconds, of the process measured
     busy: float = 0.0  # the machine's CPU use over the level, 0..1
+    others: float = 0.0  # of which processes not of this benchmark (other users)
 
     @property
     def chunks(self) -> int:
@@ -588,14 +597,41 @@ def _machine_ticks() -> tuple[int, int]:
     return total - idle, total
 
 
+def _tree_seconds() -> float:
+    """CPU seconds of this process and its descendants (the server, the workers)."""
+    parents, seconds = {}, {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        pid = int(entry.name)
+        parents[pid] = int(fields[1])
+        seconds[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ours, total = {os.getpid()}, 0.0
+    for pid in sorted(seconds):
+        chain, at = [], pid
+        while at in parents and at not in ours and at > 1:
+            chain.append(at)
+            at = parents[at]
+        if at in ours:
+            ours.update(chain)
+            total += seconds[pid]
+    return total
+
+
 class _Usage:
-    """Over a block: the process's CPU seconds, the machine's busy fraction, the wall."""
+    """Over a block: a process's CPU seconds, the machine's busy fraction and the part
+    of it not this benchmark's, the wall time."""
 
     def __init__(self, pid: int, level: Level) -> None:
         self.pid, self.level = pid, level
 
     def __enter__(self) -> None:
         self.cpu = _cpu_seconds(self.pid)
+        self.tree = _tree_seconds()
         self.ticks = _machine_ticks()
         self.wall = time.monotonic()
 
@@ -603,8 +639,12 @@ class _Usage:
         level = self.level
         level.wall = time.monotonic() - self.wall
         level.cpu = _cpu_seconds(self.pid) - self.cpu
+        tree = _tree_seconds() - self.tree
         busy, total = _machine_ticks()
-        level.busy = (busy - self.ticks[0]) / max(1, total - self.ticks[1])
+        ticks = max(1, total - self.ticks[1])
+        level.busy = (busy - self.ticks[0]) / ticks
+        tree_share = tree * os.sysconf("SC_CLK_TCK") / ticks
+        level.others = max(0.0, level.busy - tree_share)
 
 
 # -- the server path ---------------------------------------------------------------------
@@ -632,10 +672,12 @@ def _get(url: str) -> bytes:
         return body
 
 
-def _server(levels: list[int], pacing: Pacing, held: int) -> ServerRun:
+def _server(levels: list[int], pacing: Pacing, held: int, profile: Path | None) -> ServerRun:
     import trio
 
     command = [sys.executable, str(TOOLS / "bench_serve.py"), "_server", *pacing.args()]
+    if profile is not None:
+        command.append(f"--profile={profile}")
     server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=_env())
     try:
         assert server.stdout is not None
@@ -698,6 +740,7 @@ def _level_result(inproc: Level, server: Level, trace: dict[str, list[int]]) -> 
             "cpu_per_chunk": inproc.cpu / max(1, inproc.chunks),
             "cpu_share": inproc.cpu / inproc.wall,
             "machine_busy": inproc.busy,
+            "machine_busy_others": inproc.others,
             "wall": inproc.wall,
         },
         "server": {
@@ -713,6 +756,7 @@ def _level_result(inproc: Level, server: Level, trace: dict[str, list[int]]) -> 
             "cpu_per_chunk": server.cpu / max(1, server.chunks),
             "cpu_share": server.cpu / server.wall,
             "machine_busy": server.busy,
+            "machine_busy_others": server.others,
             "wall": server.wall,
         },
     }
@@ -745,7 +789,7 @@ def _table(report: dict[str, Any]) -> Any:
         "client\nstage→client",
         "server CPU\nµs/chunk",
         "in-proc CPU\nµs/chunk",
-        "machine\nbusy",
+        "machine busy\n(others)",
         "ok",
     ):
         table.add_column(column, justify="right")
@@ -766,7 +810,7 @@ def _table(report: dict[str, Any]) -> Any:
             pair(server["stage_to_client"]),
             f"{server['cpu_per_chunk'] * 1e6:.0f}",
             f"{inproc['cpu_per_chunk'] * 1e6:.0f}",
-            f"{server['machine_busy']:.0%}",
+            f"{server['machine_busy']:.0%} ({server['machine_busy_others']:.0%})",
             "yes" if not failures else f"[red]{failures} failed",
         )
     return table
@@ -774,7 +818,7 @@ def _table(report: dict[str, Any]) -> Any:
 
 def _pacing_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--tokens-per-second", type=float, default=20.0, help="per stream (default 20)"
+        "--tokens-per-second", type=float, default=10.0, help="per stream (default 10)"
     )
     parser.add_argument(
         "--max-tokens", type=int, default=50, help="text chunks per stream (default 50)"
@@ -801,6 +845,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--hold", type=int, default=200, help="streams held open for memory")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--profile-server", type=Path, help="profile the server process (pyinstrument) to here"
+    )
     _pacing_arguments(parser)
     args = parser.parse_args(argv)
     levels = [int(n) for n in args.levels.split(",")]
@@ -816,7 +863,7 @@ def main(argv: list[str] | None = None) -> int:
     with console.status("in-process"):
         inproc = trio.run(_inprocess, levels, pacing)
     with console.status("server"):
-        served = _server(levels, pacing, args.hold)
+        served = _server(levels, pacing, args.hold, args.profile_server)
     report = {
         "command": "python tools/bench_serve.py " + " ".join(argv),
         "python": platform.python_version(),
