@@ -176,7 +176,7 @@ def bench_config(pacing: Pacing) -> Any:
 
 
 def _eventful(output: Any) -> bool:
-    """Whether the chat response turns ``output`` into an SSE chunk (as ``_take``)."""
+    """Whether the chat response turns ``output`` into an SSE chunk (as ``Answer.take``)."""
     return output.data is not None and output.finish_reason in (None, "completed")
 
 
@@ -208,12 +208,12 @@ class _Trace:
 
 
 def _install_trace(trace: _Trace) -> type:
-    """Wrap ``ChatResponse._take`` (runs as ``receive_batch()`` returns) to note when
+    """Wrap ``Answer.take`` (runs as ``receive_batch()`` returns) to note when
     and what the response got; return an ASGI middleware that notes when the
     ``send`` of those chunks returned, and serves ``GET /_bench/trace``."""
-    from omni_trio.serve import _chat
+    from omni_trio.serve import _answer
 
-    take = _chat.ChatResponse._take
+    take = _answer.Answer.take
 
     def traced_take(self: Any, batch: list[Any]) -> bytes:
         pending = _current.get(None)
@@ -222,7 +222,7 @@ def _install_trace(trace: _Trace) -> type:
             pending.stamps = [stamp_of(o.data) for o in batch if _eventful(o)]
         return take(self, batch)
 
-    _chat.ChatResponse._take = traced_take  # type: ignore[method-assign]
+    _answer.Answer.take = traced_take  # type: ignore[method-assign]
 
     class TraceMiddleware:
         def __init__(self, app: Any) -> None:

@@ -12,7 +12,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ._chat import ChatResponse, Plan
+from ._answer import Plan
+from ._chat import ChatResponse
 from ._metrics import CONTENT_TYPE
 from ._model import ServedModel
 from ._protocol import Model, ModelList, OpenAIError, decode_request, encode

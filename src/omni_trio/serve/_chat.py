@@ -7,43 +7,26 @@ response and a task that listens for ``http.disconnect``; a client that hangs up
 before the first byte, mid-stream, or while the server is blocked writing to it --
 cancels the response, and leaving :meth:`Orchestrator.open_request`'s block aborts
 the request at every stage it was submitted to, before the handler returns.
+
+What the client reads is built by :class:`~._answer.Answer`, with no I/O; this
+module only moves it.
 """
 
 from __future__ import annotations
 
-import base64
-import time
-import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import trio
 
-from .._audio import wav_bytes
-from .._messages import OrchOutput
-from ._protocol import (
-    AudioDelta,
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatCompletionRequest,
-    Choice,
-    ChunkChoice,
-    Delta,
-    Message,
-    MessageAudio,
-    Metrics,
-    OpenAIError,
-    Usage,
-    encode,
-)
+from ._answer import Answer, AnswerError, Plan, error_event
+from ._protocol import OpenAIError, encode
 
 if TYPE_CHECKING:
-    from .._messages import RequestMetrics
-    from ._model import FinalOutput
+    from .._messages import OrchOutput
     from ._state import ServerState, Ticket
 
-__all__ = ["ChatResponse", "Plan", "send_json"]
+__all__ = ["ChatResponse", "send_json"]
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -54,7 +37,6 @@ _SSE_HEADERS = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),  # a proxy in front must not hold the stream back
 ]
-_DONE = b"data: [DONE]\n\n"
 #: How long a response may spend telling its client why it ended, once cancelled.
 _LAST_WORDS = 1.0
 
@@ -78,34 +60,6 @@ async def send_json(
     await send({"type": "http.response.body", "body": data})
 
 
-@attrs.frozen
-class Plan:
-    """A checked chat request, ready to run."""
-
-    prompt: str
-    outputs: tuple[FinalOutput, ...]
-    stream: bool
-    include_usage: bool
-    audio_format: str
-    token_limit: int | None
-
-    @classmethod
-    def of(cls, request: ChatCompletionRequest, outputs: tuple[FinalOutput, ...]) -> Plan:
-        return cls(
-            prompt=request.prompt(),
-            outputs=outputs,
-            stream=request.stream,
-            include_usage=request.stream_options is not None
-            and request.stream_options.include_usage,
-            audio_format="wav" if request.audio is None else request.audio.format,
-            token_limit=request.token_limit,
-        )
-
-    @property
-    def stage_ids(self) -> frozenset[int]:
-        return frozenset(o.stage_id for o in self.outputs)
-
-
 class _Ended(Exception):
     """The request ended without completing; ``error`` says how, to the client."""
 
@@ -120,16 +74,10 @@ class ChatResponse:
     def __init__(self, server: ServerState, plan: Plan) -> None:
         self._server = server
         self._plan = plan
-        self._model = server.model.name
-        self._id = f"chatcmpl-{uuid.uuid4().hex}"
-        self._created = int(time.time())
-        self._by_stage = {o.stage_id: o for o in plan.outputs}
+        counters = server.metrics.stage_outputs
+        self._answer = Answer(plan, server.model.name, lambda stage: counters[stage].inc())
         self._disconnected = False
         self._started = False  # the response's headers went out
-        self._finish: str | None = None  # "stop" or "length", once known
-        self._text: list[str] = []
-        self._audio: list[bytes] = []
-        self._tokens = 0
         self._broken = False  # a stage sent what the API cannot carry
         self._answered = False  # the request's outcome is known and being sent
 
@@ -172,6 +120,7 @@ class ChatResponse:
 
     async def _run(self, send: Send, ticket: Ticket) -> None:
         plan = self._plan
+        answer = self._answer
         orchestrator = self._server.orchestrator
         if orchestrator is None:
             raise _Ended(_unavailable("the server is not ready"))
@@ -186,8 +135,12 @@ class ChatResponse:
                         {"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS}
                     )
                     self._started = True
-                while stream.terminal is None and self._finish is None:
-                    events = self._take(await stream.receive_batch())
+                while stream.terminal is None and answer.finish is None:
+                    try:
+                        events = answer.take(await stream.receive_batch())
+                    except AnswerError as exc:
+                        self._broken = True
+                        raise _Ended(exc.error) from None
                     if plan.stream and events:
                         await send(
                             {"type": "http.response.body", "body": events, "more_body": True}
@@ -199,109 +152,23 @@ class ChatResponse:
             # was never admitted (its client left, or the server stopped, first).
             terminal = None if stream is None else stream.terminal
             self._server.finished(self._label(terminal), terminal, plan)
-        if self._finish is None:
+        if answer.finish is None:
             raise _Ended(self._failure(terminal))
         self._answered = True  # from here on, a cancellation cuts it short, unsaid
         if plan.stream:
-            await send({"type": "http.response.body", "body": self._closing(), "more_body": False})
+            await send({"type": "http.response.body", "body": answer.closing(), "more_body": False})
         else:
-            await send_json(send, 200, self._whole(None if terminal is None else terminal.metrics))
+            await send_json(send, 200, answer.whole(None if terminal is None else terminal.metrics))
 
     def _label(self, terminal: OrchOutput | None) -> str:
         """The ``finish_reason`` label of the request's end in the metrics."""
         if self._broken:
             return "error"
-        if self._finish == "length":
+        if self._answer.finish == "length":
             return "length"  # we ended it: max_tokens reached
         if terminal is None or terminal.finish_reason is None:
             return "aborted"
         return terminal.finish_reason
-
-    # -- outputs to events --------------------------------------------------------------
-
-    def _take(self, batch: list[OrchOutput]) -> bytes:
-        """Record a batch of outputs; return its SSE events (streaming)."""
-        events = bytearray()
-        counters = self._server.metrics.stage_outputs
-        limit = self._plan.token_limit
-        for output in batch:
-            if output.data is not None and output.finish_reason in (None, "completed"):
-                counters[output.stage_id].inc()
-                delta = self._delta(output)
-                if self._plan.stream:
-                    events += self._event([ChunkChoice(0, delta)])
-            if output.finished:  # always the last
-                if output.finish_reason == "completed":
-                    self._finish = "stop"
-            elif limit is not None and self._tokens >= limit:
-                self._finish = "length"
-                break
-        return bytes(events)
-
-    def _delta(self, output: OrchOutput) -> Delta:
-        final = self._by_stage[output.stage_id]
-        role = None if self._tokens or self._audio else "assistant"
-        if final.modality == "text":
-            text = output.data if isinstance(output.data, str) else str(output.data)
-            self._text.append(text)
-            self._tokens += 1
-            return Delta(role=role, content=text)
-        data = output.data
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            self._broken = True
-            raise _Ended(
-                OpenAIError(
-                    500,
-                    f"{final.label} sent audio that is not bytes: {type(data).__name__}",
-                    type="server_error",
-                )
-            )
-        pcm = bytes(data)
-        self._audio.append(pcm)
-        if self._plan.audio_format == "wav":
-            pcm = wav_bytes(pcm, final.sample_rate)
-        return Delta(role=role, audio=AudioDelta(self._audio_id, _b64(pcm)))
-
-    @property
-    def _audio_id(self) -> str:
-        return f"audio-{self._id[9:]}"
-
-    def _event(self, choices: list[ChunkChoice], usage: Usage | None = None) -> bytes:
-        chunk = ChatCompletionChunk(
-            id=self._id, created=self._created, model=self._model, choices=choices, usage=usage
-        )
-        return b"data: " + encode(chunk) + b"\n\n"
-
-    def _usage(self) -> Usage:
-        prompt = len(self._plan.prompt.split())
-        return Usage(prompt, self._tokens, prompt + self._tokens)
-
-    def _closing(self) -> bytes:
-        """The finish chunk, the usage chunk if asked for, ``[DONE]``."""
-        events = self._event([ChunkChoice(0, Delta(), self._finish)])
-        if self._plan.include_usage:
-            events += self._event([], self._usage())
-        return events + _DONE
-
-    def _whole(self, metrics: RequestMetrics | None) -> ChatCompletion:
-        text = "".join(self._text)
-        wants_text = any(o.modality == "text" for o in self._plan.outputs)
-        audio = None
-        audio_outputs = [o for o in self._plan.outputs if o.modality == "audio"]
-        if audio_outputs:
-            pcm = b"".join(self._audio)
-            if self._plan.audio_format == "wav":
-                pcm = wav_bytes(pcm, audio_outputs[0].sample_rate)
-            audio = MessageAudio(self._audio_id, _b64(pcm), int(time.time()) + 3600, text)
-        message = Message(content=text if wants_text else None, audio=audio)
-        return ChatCompletion(
-            id=self._id,
-            created=self._created,
-            model=self._model,
-            choices=[Choice(0, message, self._finish or "stop")],
-            usage=self._usage(),
-            metrics=_metrics(metrics, self._plan),
-        )
 
     # -- endings that are not a completion ------------------------------------------------
 
@@ -317,14 +184,10 @@ class ChatResponse:
 
     async def _send_error(self, send: Send, error: OpenAIError) -> None:
         if self._started:  # mid-stream: an error event, then [DONE]
-            body = b"data: " + encode(error.body()) + b"\n\n" + _DONE
+            body = error_event(error)
             await send({"type": "http.response.body", "body": body, "more_body": False})
         else:
             await send_json(send, error.status, error.body(), _retry_after(error))
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
 
 
 def _unavailable(message: str) -> OpenAIError:
@@ -333,18 +196,3 @@ def _unavailable(message: str) -> OpenAIError:
 
 def _retry_after(error: OpenAIError) -> list[tuple[bytes, bytes]]:
     return [(b"retry-after", b"1")] if error.status == 503 else []
-
-
-def _metrics(metrics: RequestMetrics | None, plan: Plan) -> Metrics:
-    def first(modality: str) -> float | None:
-        if metrics is None:
-            return None
-        times = [
-            t
-            for o in plan.outputs
-            if o.modality == modality
-            and (t := metrics.time_to_first_output(o.stage_id)) is not None
-        ]
-        return min(times, default=None)
-
-    return Metrics(first("text"), first("audio"), 0.0 if metrics is None else metrics.e2e_latency)

@@ -18,7 +18,7 @@ from ._protocol import OpenAIError
 if TYPE_CHECKING:
     from .._messages import OrchOutput
     from .._orchestrator import Orchestrator
-    from ._chat import Plan
+    from ._answer import Plan
     from ._model import ServedModel
 
 __all__ = ["ServerState", "Ticket"]

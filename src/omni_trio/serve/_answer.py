@@ -1,0 +1,228 @@
+"""A chat completion's answer, built from its request's outputs: no I/O.
+
+:class:`Answer` is the sans-IO half of ``POST /v1/chat/completions`` (as h11 is of
+HTTP): it turns batches of :class:`~omni_trio.OrchOutput` into OpenAI's SSE
+``chat.completion.chunk`` events, or into one ``chat.completion`` object, and keeps
+what the answer needs to know (the finish reason, the usage). The ASGI response in
+``_chat`` drives it; tests can drive it with plain lists of outputs.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import attrs
+
+from .._audio import wav_bytes
+from ._protocol import (
+    AudioDelta,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Choice,
+    ChunkChoice,
+    Delta,
+    Message,
+    MessageAudio,
+    Metrics,
+    OpenAIError,
+    Usage,
+    encode,
+)
+
+if TYPE_CHECKING:
+    from .._messages import OrchOutput, RequestMetrics
+    from ._model import FinalOutput
+
+__all__ = ["DONE", "Answer", "AnswerError", "Plan", "error_event"]
+
+DONE = b"data: [DONE]\n\n"
+
+
+@attrs.frozen
+class Plan:
+    """A checked chat request, ready to run."""
+
+    prompt: str
+    outputs: tuple[FinalOutput, ...]
+    stream: bool
+    include_usage: bool
+    audio_format: str
+    token_limit: int | None
+
+    @classmethod
+    def of(cls, request: ChatCompletionRequest, outputs: tuple[FinalOutput, ...]) -> Plan:
+        return cls(
+            prompt=request.prompt(),
+            outputs=outputs,
+            stream=request.stream,
+            include_usage=request.stream_options is not None
+            and request.stream_options.include_usage,
+            audio_format="wav" if request.audio is None else request.audio.format,
+            token_limit=request.token_limit,
+        )
+
+    @property
+    def stage_ids(self) -> frozenset[int]:
+        return frozenset(o.stage_id for o in self.outputs)
+
+
+class AnswerError(Exception):
+    """A stage sent what the API cannot carry; ``error`` is what the client is told."""
+
+    def __init__(self, error: OpenAIError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def error_event(error: OpenAIError) -> bytes:
+    """How a streamed answer ends in an error: the error object, then ``[DONE]``."""
+    return b"data: " + encode(error.body()) + b"\n\n" + DONE
+
+
+class Answer:
+    """The answer to one chat completion request, as its outputs arrive.
+
+    Args:
+      plan: The checked request.
+      model: The model's name, as every chunk says it.
+      on_output: Called with the stage of every output that becomes content (the
+          server counts them in its metrics).
+
+    Attributes:
+      finish: ``None`` until the answer is complete: ``"stop"`` after a
+          ``"completed"`` terminal, ``"length"`` once ``max_tokens`` text outputs
+          were taken.
+    """
+
+    def __init__(
+        self, plan: Plan, model: str, on_output: Callable[[int], None] = lambda _: None
+    ) -> None:
+        self._plan = plan
+        self._model = model
+        self._on_output = on_output
+        self._id = f"chatcmpl-{uuid.uuid4().hex}"
+        self._created = int(time.time())
+        self._by_stage = {o.stage_id: o for o in plan.outputs}
+        self.finish: str | None = None
+        self._first = True  # the next delta is the first: it carries the role
+        self._text: list[str] = []  # all of it, for a whole (non-streamed) answer
+        self._audio: list[bytes] = []  # the same
+        self._tokens = 0
+
+    def take(self, batch: list[OrchOutput]) -> bytes:
+        """Take a batch of the request's outputs, in order; return their SSE events
+        (nothing when not streaming). Stops at the terminal, or at ``max_tokens``
+        (:attr:`finish` is then ``"length"``: the rest of the batch is not taken).
+
+        Raises:
+          AnswerError: an output the API cannot carry (audio that is not bytes).
+        """
+        events = bytearray()
+        limit = self._plan.token_limit
+        for output in batch:
+            if output.data is not None and output.finish_reason in (None, "completed"):
+                self._on_output(output.stage_id)
+                delta = self._delta(output)
+                if self._plan.stream:
+                    events += self._event([ChunkChoice(0, delta)])
+            if output.finished:  # always the last
+                if output.finish_reason == "completed":
+                    self.finish = "stop"
+            elif limit is not None and self._tokens >= limit:
+                self.finish = "length"
+                break
+        return bytes(events)
+
+    def _delta(self, output: OrchOutput) -> Delta:
+        final = self._by_stage[output.stage_id]
+        role = "assistant" if self._first else None
+        self._first = False
+        keep = not self._plan.stream  # a whole response is built from all of it
+        if final.modality == "text":
+            text = output.data if isinstance(output.data, str) else str(output.data)
+            if keep:
+                self._text.append(text)
+            self._tokens += 1
+            return Delta(role=role, content=text)
+        data = output.data
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise AnswerError(
+                OpenAIError(
+                    500,
+                    f"{final.label} sent audio that is not bytes: {type(data).__name__}",
+                    type="server_error",
+                )
+            )
+        pcm = bytes(data)
+        if keep:
+            self._audio.append(pcm)
+        if self._plan.audio_format == "wav":
+            pcm = wav_bytes(pcm, final.sample_rate)
+        return Delta(role=role, audio=AudioDelta(self._audio_id, _b64(pcm)))
+
+    @property
+    def _audio_id(self) -> str:
+        return f"audio-{self._id[9:]}"
+
+    def _event(self, choices: list[ChunkChoice], usage: Usage | None = None) -> bytes:
+        chunk = ChatCompletionChunk(
+            id=self._id, created=self._created, model=self._model, choices=choices, usage=usage
+        )
+        return b"data: " + encode(chunk) + b"\n\n"
+
+    def _usage(self) -> Usage:
+        prompt = len(self._plan.prompt.split())
+        return Usage(prompt, self._tokens, prompt + self._tokens)
+
+    def closing(self) -> bytes:
+        """The end of a streamed answer: the finish chunk, the usage chunk if asked
+        for, ``[DONE]``."""
+        events = self._event([ChunkChoice(0, Delta(), self.finish)])
+        if self._plan.include_usage:
+            events += self._event([], self._usage())
+        return events + DONE
+
+    def whole(self, metrics: RequestMetrics | None) -> ChatCompletion:
+        """The ``chat.completion`` object of a whole (non-streamed) answer."""
+        text = "".join(self._text)
+        wants_text = any(o.modality == "text" for o in self._plan.outputs)
+        audio = None
+        audio_outputs = [o for o in self._plan.outputs if o.modality == "audio"]
+        if audio_outputs:
+            pcm = b"".join(self._audio)
+            if self._plan.audio_format == "wav":
+                pcm = wav_bytes(pcm, audio_outputs[0].sample_rate)
+            audio = MessageAudio(self._audio_id, _b64(pcm), int(time.time()) + 3600, text)
+        message = Message(content=text if wants_text else None, audio=audio)
+        return ChatCompletion(
+            id=self._id,
+            created=self._created,
+            model=self._model,
+            choices=[Choice(0, message, self.finish or "stop")],
+            usage=self._usage(),
+            metrics=_metrics(metrics, self._plan),
+        )
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _metrics(metrics: RequestMetrics | None, plan: Plan) -> Metrics:
+    def first(modality: str) -> float | None:
+        if metrics is None:
+            return None
+        times = [
+            t
+            for o in plan.outputs
+            if o.modality == modality
+            and (t := metrics.time_to_first_output(o.stage_id)) is not None
+        ]
+        return min(times, default=None)
+
+    return Metrics(first("text"), first("audio"), 0.0 if metrics is None else metrics.e2e_latency)

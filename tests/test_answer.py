@@ -1,0 +1,118 @@
+"""The sans-IO half of a chat completion: outputs in, OpenAI's shapes out (no loop)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import wave
+
+import msgspec
+import pytest
+
+from omni_trio import OrchOutput, RequestMetrics
+from omni_trio.serve import FinalOutput
+from omni_trio.serve._answer import DONE, Answer, AnswerError, Plan, error_event
+from omni_trio.serve._protocol import OpenAIError
+
+TEXT, AUDIO = FinalOutput(0, "text", "thinker"), FinalOutput(2, "audio", "code2wav", 16_000)
+
+
+def plan(*, stream=True, usage=False, audio_format="pcm16", limit=None, outputs=(TEXT, AUDIO)):
+    return Plan("tell me", outputs, stream, usage, audio_format, limit)
+
+
+def out(stage, data, finished=False, reason=None):
+    return OrchOutput("r", stage, data, finished, reason if finished else None)
+
+
+def events(raw: bytes) -> list[object]:
+    """The SSE events of ``raw``: decoded JSON, or the string ``[DONE]``."""
+    found = []
+    for block in raw.decode().split("\n\n"):
+        if block:
+            assert block.startswith("data: ")
+            body = block[6:]
+            found.append(body if body == "[DONE]" else msgspec.json.decode(body))
+    return found
+
+
+def test_a_streamed_answer_is_one_chunk_per_output_then_finish_usage_done():
+    counted = []
+    answer = Answer(plan(usage=True), "m", counted.append)
+    raw = answer.take([out(0, "Hel"), out(2, b"\x01\x00"), out(0, "lo")])
+    raw += answer.take([out(2, None, True, "completed")])
+    assert answer.finish == "stop"
+    raw += answer.closing()
+    chunks = events(raw)
+    assert chunks[-1] == "[DONE]"
+    deltas = [c["choices"][0]["delta"] for c in chunks[:3]]
+    assert deltas[0] == {"role": "assistant", "content": "Hel"}
+    assert base64.b64decode(deltas[1]["audio"]["data"]) == b"\x01\x00"
+    assert deltas[2] == {"content": "lo"}
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:4]] == [None, None, None, "stop"]
+    assert chunks[4]["choices"] == []
+    assert chunks[4]["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
+    assert {c["id"] for c in chunks[:5]} == {chunks[0]["id"]}
+    assert counted == [0, 2, 0]  # the bare completion is no content
+
+
+def test_a_wav_chunk_is_a_whole_wav_file_at_the_stage_rate():
+    answer = Answer(plan(audio_format="wav"), "m")
+    [chunk] = events(answer.take([out(2, b"\x01\x00\x02\x00")]))
+    data = base64.b64decode(chunk["choices"][0]["delta"]["audio"]["data"])
+    with wave.open(io.BytesIO(data)) as wav:
+        assert (wav.getframerate(), wav.getnframes()) == (16_000, 2)
+        assert wav.readframes(2) == b"\x01\x00\x02\x00"
+
+
+def test_max_tokens_stops_the_answer_mid_batch_with_length():
+    answer = Answer(plan(limit=2), "m")
+    chunks = events(answer.take([out(0, "a"), out(0, "b"), out(0, "c")]))
+    assert [c["choices"][0]["delta"]["content"] for c in chunks] == ["a", "b"]
+    assert answer.finish == "length"
+    assert events(answer.closing())[0]["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_terminal_that_is_not_completed_leaves_the_answer_unfinished():
+    answer = Answer(plan(), "m")
+    answer.take([out(0, "a"), out(0, None, True, "error")])
+    assert answer.finish is None
+
+
+def test_a_whole_answer_has_all_text_and_one_wav_of_all_audio():
+    answer = Answer(plan(stream=False, audio_format="wav"), "m")
+    assert answer.take([out(0, "Hi "), out(2, b"\x01\x00"), out(2, b"\x02\x00")]) == b""
+    answer.take([out(0, "there", True, "completed")])
+    metrics = RequestMetrics(10.0, 10.5, {0: 10.1, 2: 10.2}, {0: 10.4}, 4)
+    whole = msgspec.to_builtins(answer.whole(metrics))
+    message = whole["choices"][0]["message"]
+    assert message["content"] == "Hi there"
+    assert whole["choices"][0]["finish_reason"] == "stop"
+    with wave.open(io.BytesIO(base64.b64decode(message["audio"]["data"]))) as wav:
+        assert wav.readframes(10) == b"\x01\x00\x02\x00"
+    assert message["audio"]["transcript"] == "Hi there"
+    assert whole["metrics"] == pytest.approx(
+        {"time_to_first_token": 0.1, "time_to_first_audio": 0.2, "e2e_latency": 0.5}
+    )
+
+
+def test_text_alone_has_no_audio_and_audio_alone_no_content():
+    text = Answer(plan(stream=False, outputs=(TEXT,)), "m")
+    text.take([out(0, "x", True, "completed")])
+    assert text.whole(None).choices[0].message.audio is None
+    audio = Answer(plan(stream=False, outputs=(AUDIO,)), "m")
+    audio.take([out(2, b"\x00\x00", True, "completed")])
+    assert audio.whole(None).choices[0].message.content is None
+
+
+def test_audio_that_is_not_bytes_is_an_error_naming_the_stage():
+    with pytest.raises(AnswerError, match="code2wav sent audio that is not bytes: int"):
+        Answer(plan(), "m").take([out(2, 7)])
+
+
+def test_an_error_event_is_the_error_object_then_done():
+    raw = error_event(OpenAIError(500, "stage 1 failed", type="server_error"))
+    assert raw.endswith(DONE)
+    assert events(raw)[0] == {
+        "error": {"message": "stage 1 failed", "type": "server_error", "param": None, "code": None}
+    }
