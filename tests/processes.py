@@ -22,13 +22,16 @@ final_output = {final}
 """
 
 
-def pipeline_config(*stages, async_chunk=True):
-    """stages: (engine, args, final, extra) per stage."""
+def pipeline_config(*stages, async_chunk=True, inline_chunk_bytes=None):
+    """stages: (engine, args, final, extra) per stage. ``inline_chunk_bytes=0`` puts
+    every chunk in a shared-memory segment: for tests of the segments' lives."""
     text = f"""
 [pipeline]
 async_chunk = {str(async_chunk).lower()}
 connector = "{"shm" if async_chunk else "none"}"
 """
+    if inline_chunk_bytes is not None:
+        text += f"inline_chunk_bytes = {inline_chunk_bytes}\n"
     for sid, (engine, args, final, extra) in enumerate(stages):
         text += STAGE.format(
             sid=sid, engine=engine, args=args, final=str(final).lower(), extra=extra

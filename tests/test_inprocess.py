@@ -213,6 +213,7 @@ async def test_async_chunk_between_inprocess_and_process_stages():
         ("stream", "{ count = 3 }", True, INPROCESS),
         ("relay", "{}", False, "[stages.runtime]\ncompletion_delay = 0.3"),
         ("relay", "{}", True, INPROCESS),
+        inline_chunk_bytes=0,
     )
     async with running(config) as (pipeline, orch):
         assert [s.options.backend for s in pipeline.stages] == ["inprocess", "process", "inprocess"]
@@ -252,6 +253,7 @@ async def test_abort_mid_stream_frees_the_request_in_process():
     config = pipeline_config(
         ("stream", "{ count = 200, delay = 0.005 }", True, INPROCESS),
         ("relay", "{}", True, INPROCESS),
+        inline_chunk_bytes=0,
     )
     async with running(config) as (pipeline, orch):
         async with orch.open_request("long") as stream:
@@ -267,7 +269,7 @@ async def test_abort_mid_stream_frees_the_request_in_process():
 @bounded
 async def test_a_release_frees_the_segments_an_inprocess_stage_made():
     async with (
-        open_shm_connector({0: [1]}) as connector,
+        open_shm_connector({0: [1]}, inline_chunk_bytes=0) as connector,
         open_inprocess_stage(
             "process_engines:stream", engine_args={"count": 3}, connector=connector
         ) as thinker,
@@ -292,6 +294,7 @@ async def test_leaving_with_requests_in_flight_is_prompt_and_leaves_nothing(back
         ("stream", "{ count = 100000, delay = 0.001 }", True, extra[0]),
         ("relay", "{}", False, extra[1]),
         ("relay", "{}", True, extra[2]),
+        inline_chunk_bytes=0,
     )
     before = live_tasks()
     async with running(config) as (pipeline, orch):

@@ -117,6 +117,7 @@ async def test_a_slow_talker_completion_holds_the_terminal_and_the_segments():
         ("stream", "{ count = 3 }", True, ""),
         ("relay", "{}", False, "[stages.runtime]\ncompletion_delay = 0.5"),
         ("relay", "{}", True, ""),
+        inline_chunk_bytes=0,
     )
     async with running(config) as (pipeline, orch):
         start = trio.current_time()
@@ -139,6 +140,7 @@ async def test_sigkill_of_a_worker_mid_request(victim, caplog):
         ("stream", "{ count = 40, delay = 0.02 }", True, ""),
         ("relay", "{}", False, ""),
         ("relay", "{}", True, ""),
+        inline_chunk_bytes=0,  # its chunks in segments: what the dead worker's are
     )
     async with running(config) as (pipeline, orch):
         async with (

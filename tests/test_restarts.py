@@ -38,6 +38,7 @@ async def test_a_restarted_worker_never_hands_a_request_another_requests_chunks(
     config = pipeline_config(
         ("stream", "{ count = 3 }", True, RESTART),
         ("relay", "{}", True, "[stages.runtime]\nheartbeat_timeout = 30.0"),
+        inline_chunk_bytes=0,  # inline, "a"'s chunks would outlive the worker: whole
     )
     async with running(config) as (pipeline, orch):
         thinker, talker = pipeline.stages

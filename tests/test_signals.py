@@ -86,11 +86,21 @@ class Demo:
         return (self.out + self.err).decode(errors="replace")
 
 
+#: ``omni-trio demo``, its chunks all in shared-memory segments (its small chunks
+#: would otherwise travel inside their notices): segments the stop must free.
+_DEMO_IN_SEGMENTS = (
+    "import sys, msgspec; import omni_trio.demo.runner as r; template = r.template; "
+    "r.template = lambda: msgspec.structs.replace(template(), pipeline=msgspec.structs.replace("
+    "template().pipeline, inline_chunk_bytes=0)); "
+    "from omni_trio._cli import main; sys.exit(main())"
+)
+
+
 async def stop_the_demo(signum: int, tmp_path: Path) -> tuple[int, Demo, list[str]]:
     """Start a slow demo, wait until a request streams, send ``signum`` to its whole
     process group; return its exit status, what it printed, and its segments just
     before the signal."""
-    command = [sys.executable, "-m", "omni_trio._cli", "demo", "--mode", "async_chunk"]
+    command = [sys.executable, "-c", _DEMO_IN_SEGMENTS, "demo", "--mode", "async_chunk"]
     command += ["--concurrency", "2", "--requests", "20", "--tokens-per-second", "20"]
     command += ["--max-tokens", "30", "--output", str(tmp_path / "demo.wav")]
     process = await trio.lowlevel.open_process(

@@ -1,12 +1,15 @@
-"""The shared-memory connector's relay: chunk keys from a stage to the stages it feeds.
+"""The shared-memory connector's relay: chunk notices from a stage to the stages it feeds.
 
-In async_chunk mode the stages stream to each other. The bytes go into shared-memory
-segments (``_shm``); only a small ``wire.Chunk`` frame naming the segment travels, over
-a connection of its own between each worker and this relay in the orchestrator's
-process, which forwards it to the stages whose input source is the sender. The relay
-never touches the bytes, and none of this passes through the orchestrator's control
-path: control (outputs, completions) and data take different routes, which is
-exactly why a stage's completion report can overtake the data it produced.
+In async_chunk mode the stages stream to each other. Each chunk is a ``wire.Chunk``
+frame, over a connection of its own between each worker and this relay in the
+orchestrator's process, which forwards it to the stages whose input source is the
+sender. A small chunk (up to ``inline_chunk_bytes``) travels inside its frame: a
+shared-memory segment costs more to create, open and unlink than copying a few
+kilobytes twice over a socket. A bigger one goes into a segment (``_shm``) and only
+the frame naming it travels; the relay never touches those bytes. None of this passes
+through the orchestrator's control path: control (outputs, completions) and data take
+different routes, which is exactly why a stage's completion report can overtake the
+data it produced.
 
 A worker can die on either side of the relay. A reading stage's notices wait while
 it restarts, and its stage learns which requests' notices went with the dead worker
@@ -33,7 +36,10 @@ from .._util import NoPublicConstructor, final
 from . import _shm
 from . import _wire as wire
 
-__all__ = ["ConnectorStatistics", "ShmConnector", "open_shm_connector"]
+__all__ = ["INLINE_CHUNK_BYTES", "ConnectorStatistics", "ShmConnector", "open_shm_connector"]
+
+#: Chunks of at most this many bytes travel inside their frame by default (64 KiB).
+INLINE_CHUNK_BYTES = 64 * 1024
 
 logger = logging.getLogger("omni_trio.process")
 
@@ -44,8 +50,9 @@ class ConnectorStatistics:
 
     Attributes:
       chunks_relayed: Chunk notices handed to a reading stage (one per reader).
-      bytes_relayed: The sizes of those chunks, summed (the bytes stay in shared
-          memory; only their keys travel).
+      bytes_relayed: The sizes of those chunks, summed.
+      chunks_inline: Of the chunks relayed, those that travelled inside their
+          notice (no shared-memory segment).
       lost_notices: ``wire.Lost`` notices sent: requests whose chunks went with a
           dead worker, per reading stage.
       notices_waiting: Notices held for reading stages whose worker is restarting.
@@ -55,6 +62,7 @@ class ConnectorStatistics:
 
     chunks_relayed: int
     bytes_relayed: int
+    chunks_inline: int
     lost_notices: int
     notices_waiting: int
     segments_live: int
@@ -102,18 +110,27 @@ class ShmConnector(metaclass=NoPublicConstructor):
     Attributes:
       routes: Per stage, the stages that read its chunks.
       prefix: The shared-memory name prefix of the stages it serves.
+      inline_chunk_bytes: The stages it serves send a chunk of at most this many
+          bytes inside its notice, a bigger one in a segment (0: every chunk in a
+          segment).
     """
 
     def __init__(
-        self, routes: Mapping[int, Sequence[int]], prefix: str, nursery: trio.Nursery
+        self,
+        routes: Mapping[int, Sequence[int]],
+        prefix: str,
+        inline_chunk_bytes: int,
+        nursery: trio.Nursery,
     ) -> None:
         self.routes = {source: tuple(targets) for source, targets in routes.items()}
         self.prefix = prefix
+        self.inline_chunk_bytes = inline_chunk_bytes
         self._nursery = nursery
         stages = set(self.routes).union(*self.routes.values())
         self._links = {stage_id: _Link() for stage_id in stages}
         self._chunks = 0
         self._bytes = 0
+        self._inline = 0
         self._lost = 0
 
     def statistics(self) -> ConnectorStatistics:
@@ -122,6 +139,7 @@ class ShmConnector(metaclass=NoPublicConstructor):
         return ConnectorStatistics(
             chunks_relayed=self._chunks,
             bytes_relayed=self._bytes,
+            chunks_inline=self._inline,
             lost_notices=self._lost,
             notices_waiting=sum(len(link.pending) for link in links),
             segments_live=len(_shm.listing(self.prefix)),
@@ -216,6 +234,7 @@ class ShmConnector(metaclass=NoPublicConstructor):
                         if link.send(chunk.request_id, frame):
                             self._chunks += 1
                             self._bytes += chunk.size
+                            self._inline += chunk.data is not None
         except (EOFError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the worker went away; its stage deals with that
         except wire.ProtocolError as exc:
@@ -224,17 +243,26 @@ class ShmConnector(metaclass=NoPublicConstructor):
 
 @asynccontextmanager
 async def open_shm_connector(
-    routes: Mapping[int, Sequence[int]], *, prefix: str | None = None
+    routes: Mapping[int, Sequence[int]],
+    *,
+    prefix: str | None = None,
+    inline_chunk_bytes: int = INLINE_CHUNK_BYTES,
 ) -> AsyncIterator[ShmConnector]:
     """Run a connector relay for the block; ``routes`` maps a stage to its readers.
 
     ``prefix`` is the shared-memory name prefix of the stages it serves (default: a
     fresh one, which :func:`open_process_stage` then uses for stages given this
-    connector).
+    connector). A chunk of at most ``inline_chunk_bytes`` bytes travels inside its
+    notice, a bigger one in a shared-memory segment; 0 puts every chunk in a segment.
+    The stages given this connector tell their workers so.
     """
+    if inline_chunk_bytes < 0:
+        raise ValueError(f"inline_chunk_bytes must be >= 0, got {inline_chunk_bytes!r}")
     with unwrap_single_exception():
         async with trio.open_nursery() as nursery:
-            connector = ShmConnector._create(routes, prefix or _shm.new_prefix(), nursery)
+            connector = ShmConnector._create(
+                routes, prefix or _shm.new_prefix(), inline_chunk_bytes, nursery
+            )
             try:
                 yield connector
             finally:

@@ -74,7 +74,11 @@ async def open_process_pipeline(config: PipelineConfig) -> AsyncIterator[Process
             if config.pipeline.async_chunk and config.pipeline.connector == "shm":
                 routes = {s.stage_id - 1: [s.stage_id] for s in config.stages if s.stage_id}
                 connector = await stack.enter_async_context(
-                    open_shm_connector(routes, prefix=prefix)
+                    open_shm_connector(
+                        routes,
+                        prefix=prefix,
+                        inline_chunk_bytes=config.pipeline.inline_chunk_bytes,
+                    )
                 )
             stages = []
             for stage in config.stages:

@@ -236,6 +236,7 @@ class ProcessStage(metaclass=NoPublicConstructor):
                 self._prefix,
                 self._started,
                 self.options.completion_delay,
+                self._connector.inline_chunk_bytes if self._connector is not None else 0,
             )
             assert self._nursery is not None
             try:

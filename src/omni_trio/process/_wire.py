@@ -74,7 +74,9 @@ class _Message(msgspec.Struct, tag=True, array_like=True):
 class Init(_Message):
     """First frame: what the worker is and runs. ``generation`` counts the stage's
     workers (1, then 2 after a restart, ...): it makes the names of the shared-memory
-    segments a worker creates its own, never a predecessor's."""
+    segments a worker creates its own, never a predecessor's. A chunk of at most
+    ``inline_chunk_bytes`` bytes travels inside its ``Chunk`` frame instead of a
+    segment (0, the default: every chunk gets a segment)."""
 
     stage_id: int
     name: str
@@ -83,6 +85,7 @@ class Init(_Message):
     prefix: str
     generation: int = 1
     completion_delay: float = 0.0
+    inline_chunk_bytes: int = 0
 
 
 class Submit(_Message):
@@ -139,15 +142,17 @@ class Pong(_Message):
 
 class Chunk(_Message):
     """A chunk for the downstream stage: ``size`` bytes in shared-memory segment
-    ``key``, the ``seq``-th of its request (from 0). ``eos`` (with an empty key) says
-    the request's upstream is done, after ``seq`` chunks: a reader that saw fewer
-    lost some."""
+    ``key``, the ``seq``-th of its request (from 0) -- or, for a small chunk, its
+    bytes in ``data`` (and an empty key): no segment at all. ``eos`` (with an empty
+    key) says the request's upstream is done, after ``seq`` chunks: a reader that saw
+    fewer lost some."""
 
     request_id: str
     key: str
     size: int
     seq: int
     eos: bool = False
+    data: bytes | None = None
 
 
 class Lost(_Message):

@@ -10,7 +10,8 @@ connection carries frames from the orchestrator (``Init`` first, then ``Submit``
 ``Abort``, ``Release``, ``Ping``, ``Shutdown``) and back (``Ready``/``Fatal``,
 ``Output``, ``Failed``, ``Pong``). The connector connection, in async_chunk mode,
 carries ``Chunk`` notices to the orchestrator's relay and ``Chunk`` and ``Lost``
-notices from it; the chunks themselves are in shared memory.
+notices from it; a small chunk travels inside its notice, a bigger one in shared
+memory (``Init.inline_chunk_bytes`` draws the line).
 
 It imports only what it needs -- the wire, the segments, the engine API and the
 foundations -- none of the orchestrator's modules.
@@ -97,11 +98,21 @@ class _ChunkIO:
         # released must stop here, before it creates a segment nobody would free.
         await trio.lowlevel.checkpoint()
         seq = request.sent
-        name = f"{worker.segment_prefix}{request.number}-{seq}"
         request.sent += 1
+        limit = worker.init.inline_chunk_bytes  # 0: never inline, not even b""
+        if limit and len(chunk) <= limit:
+            notice = wire.Chunk(self._request_id, "", len(chunk), seq, data=bytes(chunk))
+        else:
+            notice = self._in_segment(chunk, seq)
+        worker.chunks.send_nowait(wire.encode(notice))
+
+    def _in_segment(self, chunk: bytes | bytearray | memoryview, seq: int) -> wire.Chunk:
+        """Put a chunk too big to travel in its frame into a segment of its own,
+        freed when the request is released."""
+        name = f"{self._worker.segment_prefix}{self._request.number}-{seq}"
         size = _shm.create(name, self._request_id, chunk)
-        request.segments.append(name)
-        worker.chunks.send_nowait(wire.encode(wire.Chunk(self._request_id, name, size, seq)))
+        self._request.segments.append(name)
+        return wire.Chunk(self._request_id, name, size, seq)
 
     def end(self) -> None:
         if self._worker.chunks is not None:
@@ -127,6 +138,8 @@ class _ChunkIO:
                 raise StopAsyncIteration
             else:
                 request.expected += 1
+                if notice.data is not None:
+                    return notice.data  # it travelled in its frame
                 try:
                     return _shm.read(notice.key, self._request_id, notice.size)
                 except FileNotFoundError:
