@@ -179,3 +179,32 @@ def relay_reloading_slowly(marker: str, seconds: float = 1.0):
         with open(marker, "w"):
             pass
     return relay()
+
+
+def sized_chunk(request_id: str, seq: int, size: int) -> bytes:
+    """``size`` bytes that say whose and which chunk they are, wherever they are cut."""
+    return (f"{request_id}:{seq};".encode() * (size // 4 + 1))[:size]
+
+
+def sizes(sizes: list[int]):
+    """Streams one chunk of each size (see :func:`sized_chunk`); yields the sizes."""
+
+    async def engine(request, io):
+        for seq, size in enumerate(sizes):
+            await io.send(sized_chunk(request.request_id, seq, size))
+            yield size
+
+    return engine
+
+
+def checks_sizes(sizes: list[int]):
+    """Reads the chunks of :func:`sizes`; yields, per chunk, whether it came whole,
+    in its place."""
+
+    async def engine(request, io):
+        seq = 0
+        async for chunk in io:
+            yield chunk == sized_chunk(request.request_id, seq, sizes[seq])
+            seq += 1
+
+    return engine

@@ -142,6 +142,14 @@ def test_the_demo_pipeline_loads_and_builds_its_functions():
             ('name = "tiny"', 'name = "tiny"\nshutdown_grace = nan'),
             r"pipeline\.shutdown_grace: Expected `float` >= 0",
         ),
+        (
+            ('name = "tiny"', 'name = "tiny"\ninline_chunk_bytes = -1'),
+            r"pipeline\.inline_chunk_bytes: Expected `int` >= 0",
+        ),
+        (
+            ('name = "tiny"', 'name = "tiny"\ninline_chunk_bytes = 16777217'),
+            r"pipeline\.inline_chunk_bytes: Expected `int` <= 16777216",
+        ),
         (("[[stages]]", "[[stage]]"), r"unknown field `stage`"),
         (("[pipeline]", "[pipeline"), "not valid TOML"),
     ],
@@ -248,3 +256,9 @@ async def test_open_process_stage_wants_worker_options():
     with pytest.raises(TypeError, match="options must be a WorkerOptions, got"):
         async with open_process_stage("process_engines:stream", options={"restart": True}):
             pytest.fail("must not start")  # pragma: no cover
+
+
+def test_inline_chunk_bytes_reaches_the_connector_and_defaults_to_64_kib():
+    assert parse_pipeline(GOOD).pipeline.inline_chunk_bytes == 65536
+    text = GOOD.replace('name = "tiny"', 'name = "tiny"\ninline_chunk_bytes = 0')
+    assert parse_pipeline(text).pipeline.inline_chunk_bytes == 0

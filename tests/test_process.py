@@ -17,6 +17,7 @@ from omni_trio.process import (
     _shm,
     open_process_pipeline,
     open_process_stage,
+    open_shm_connector,
 )
 from processes import eventually, pipeline_config, running
 
@@ -134,13 +135,16 @@ async def test_a_slow_talker_completion_holds_the_terminal_and_the_segments():
         await eventually(lambda: _shm.listing(pipeline.prefix) == [])
 
 
+@pytest.mark.parametrize("inline_chunk_bytes", [0, 65536])
 @pytest.mark.parametrize("victim", [0, 1, 2])
-async def test_sigkill_of_a_worker_mid_request(victim, caplog):
+async def test_sigkill_of_a_worker_mid_request(victim, inline_chunk_bytes, caplog):
+    """Whether its chunks are in segments or inside their notices: a request whose
+    stage died ends with an error, whatever was relayed already."""
     config = pipeline_config(
         ("stream", "{ count = 40, delay = 0.02 }", True, ""),
         ("relay", "{}", False, ""),
         ("relay", "{}", True, ""),
-        inline_chunk_bytes=0,  # its chunks in segments: what the dead worker's are
+        inline_chunk_bytes=inline_chunk_bytes,
     )
     async with running(config) as (pipeline, orch):
         async with (
@@ -148,7 +152,8 @@ async def test_sigkill_of_a_worker_mid_request(victim, caplog):
             orch.open_request("text", request_id="text", final_stage_ids={0}) as text,
         ):
             await audio.receive()
-            await eventually(lambda: any(pipeline.prefix in n for n in _shm.listing("")))
+            assert pipeline.connector is not None
+            await eventually(lambda: pipeline.connector.statistics().chunks_relayed > 0)
             pipeline.stages[victim].kill()
             audio_outs = [o async for o in audio]
             text_outs = [o async for o in text]
@@ -389,3 +394,53 @@ async def test_ten_thousand_requests_leave_no_growth():
             assert after[pid][0] - before[pid][0] < 16 * 1024, (pid, before[pid], after[pid])
             assert after[pid][1] - before[pid][1] < 4, (pid, before[pid], after[pid])
         assert orch.statistics().completed == 10_000
+
+
+#: Chunk sizes around the default inline threshold (64 KiB), and one far over it.
+SIZES = [0, 1, 65535, 65536, 65537, 1_000_000]
+
+
+async def outputs_until_finished(stage, count: int) -> dict[str, list]:
+    """The outputs of ``count`` requests of ``stage``, by request, each up to its
+    completion."""
+    outs: dict[str, list] = {}
+    while sum(bool(o) and o[-1].finished for o in outs.values()) < count:
+        with trio.fail_after(10):
+            item = await stage.outputs.receive()
+        for out in item if isinstance(item, list) else [item]:
+            outs.setdefault(out.request_id, []).append(out)
+    return outs
+
+
+@pytest.mark.parametrize(("inline_chunk_bytes", "segments"), [(65536, 2), (0, 6), (1, 4)])
+async def test_chunks_of_every_size_arrive_whole_and_in_order(inline_chunk_bytes, segments):
+    """Chunks of at most ``inline_chunk_bytes`` travel inside their notices and make
+    no segment; bigger ones make one each. Both kinds arrive whole, in order, at the
+    reading process, for two requests streaming at once."""
+    args = {"sizes": SIZES}
+    async with (
+        open_shm_connector({0: [1]}, inline_chunk_bytes=inline_chunk_bytes) as connector,
+        open_process_stage(
+            "process_engines:sizes", engine_args=args, connector=connector
+        ) as sender,
+        open_process_stage(
+            "process_engines:checks_sizes", stage_id=1, engine_args=args, connector=connector
+        ) as reader,
+    ):
+        for request_id in ("a", "b"):
+            await reader.submit(request_id, None)
+            await sender.submit(request_id, None)
+        sent = await outputs_until_finished(sender, 2)
+        read = await outputs_until_finished(reader, 2)
+        for request_id in ("a", "b"):
+            assert [o.data for o in sent[request_id]] == [*SIZES, None]
+            assert [o.data for o in read[request_id]] == [True] * len(SIZES) + [None]
+        # Finished, not released: the sender holds every segment it made.
+        assert len(_shm.listing(f"{connector.prefix}-0-")) == 2 * segments
+        stats = connector.statistics()
+        assert stats.chunks_relayed == 2 * len(SIZES) + 2  # and an end of stream each
+        assert stats.chunks_inline == 2 * (len(SIZES) - segments)
+        for request_id in ("a", "b"):
+            await sender.release(request_id)
+            await reader.release(request_id)
+        await eventually(lambda: _shm.listing(connector.prefix) == [])

@@ -89,9 +89,8 @@ class Demo:
 #: ``omni-trio demo``, its chunks all in shared-memory segments (its small chunks
 #: would otherwise travel inside their notices): segments the stop must free.
 _DEMO_IN_SEGMENTS = (
-    "import sys, msgspec; import omni_trio.demo.runner as r; template = r.template; "
-    "r.template = lambda: msgspec.structs.replace(template(), pipeline=msgspec.structs.replace("
-    "template().pipeline, inline_chunk_bytes=0)); "
+    "import sys; import omni_trio.demo.runner as r; template = r.template; "
+    "r.template = lambda: template().with_pipeline(inline_chunk_bytes=0); "
     "from omni_trio._cli import main; sys.exit(main())"
 )
 

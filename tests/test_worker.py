@@ -277,3 +277,46 @@ async def test_an_engine_that_yields_on_after_its_last_fails_its_request(prefix)
     async with trio.open_nursery() as nursery:
         worker.handle(wire.Submit("r", None), nursery)
     assert failure(worker, "r") == "RuntimeError: async generator ignored GeneratorExit"
+
+
+def inline_chunk(request_id: str, seq: int, data: bytes) -> wire.Chunk:
+    return wire.Chunk(request_id, "", len(data), seq, data=data)
+
+
+async def test_small_chunks_travel_inside_their_notices_and_make_no_segment(prefix):
+    """At most ``inline_chunk_bytes``: no segment, the bytes in the notice, a seq as
+    any chunk's; a bigger chunk still gets its segment, which the release frees."""
+    init = wire.Init(1, "relay", "process_engines:relay", {}, prefix, inline_chunk_bytes=4)
+    chunks = wire.FrameWriter(trio.testing.MemorySendStream())
+    worker = _Worker(init, relay(), wire.FrameWriter(trio.testing.MemorySendStream()), chunks)
+    async with trio.open_nursery() as nursery:
+        worker.handle(wire.Submit("r", None), nursery)
+        notices = [inline_chunk("r", 0, b""), inline_chunk("r", 1, b"tiny")]
+        notices += [upstream_chunk(prefix, "r", 2), wire.Chunk("r", "", 0, 3, eos=True)]
+        worker.on_notices(notices)  # the relay engine passes each on
+        await trio.testing.wait_all_tasks_blocked()
+        outputs = [f for f in sent(worker) if type(f) is wire.Output]
+        assert [o.data for o in outputs] == ["", "TINY", "CHUNK", None]
+        segment = f"{prefix}-1-1-1-2"
+        assert sent_chunks(worker) == [
+            inline_chunk("r", 0, b""),
+            inline_chunk("r", 1, b"tiny"),
+            wire.Chunk("r", segment, 5, 2),
+            wire.Chunk("r", "", 0, 3, eos=True),
+        ]
+        assert worker.requests["r"].segments == [segment]
+        assert _shm.listing(f"{prefix}-1-") == [segment]
+        worker.release("r")
+    assert _shm.listing(f"{prefix}-1-") == []
+
+
+async def test_a_missing_inline_chunk_is_found_by_its_seq(prefix):
+    worker = make_worker(prefix)
+    async with trio.open_nursery() as nursery:
+        worker.handle(wire.Submit("r", None), nursery)
+        worker.on_notices([inline_chunk("r", 0, b"a"), inline_chunk("r", 2, b"c")])
+        await trio.testing.wait_all_tasks_blocked()
+        assert failure(worker, "r") == (
+            "ChunkLostError: request 'r': chunk 1 of its upstream stage never arrived"
+        )
+        worker.release_all()
