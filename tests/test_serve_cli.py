@@ -31,17 +31,26 @@ from test_signals import _default_sigint, _env, _group, _segments
 MODEL = "simulated-qwen-omni"
 DEMO_TOML = files("omni_trio.demo").joinpath("pipeline.toml").read_text()
 THINKER_ARGS = "engine_args = { tokens_per_second = 50, max_tokens = 40 }"
+CONNECTOR = 'connector = "shm"'
 FRAMES_PER_CODE = 960  # a 40 ms tone at 24 kHz (demo.engines.FRAME_SECONDS)
 CODES_PER_TOKEN = 4  # the demo talker's codes_per_token
 
 
-def pipeline(tmp_path: Path, *, tokens_per_second: float, max_tokens: int) -> Path:
+def pipeline(
+    tmp_path: Path, *, tokens_per_second: float, max_tokens: int, in_segments: bool = False
+) -> Path:
     """The demo pipeline, its thinker paced at ``tokens_per_second`` for ``max_tokens``
-    words (so a request takes about ``max_tokens / tokens_per_second`` seconds)."""
+    words (so a request takes about ``max_tokens / tokens_per_second`` seconds);
+    ``in_segments``: every chunk in a shared-memory segment (the demo's small chunks
+    would otherwise travel inside their notices), for tests that watch them freed."""
     assert THINKER_ARGS in DEMO_TOML, "the demo's thinker args changed: update this test"
     args = f"engine_args = {{ tokens_per_second = {tokens_per_second}, max_tokens = {max_tokens} }}"
+    text = DEMO_TOML.replace(THINKER_ARGS, args)
+    if in_segments:
+        assert CONNECTOR in text, "the demo's connector line changed: update this test"
+        text = text.replace(CONNECTOR, f"{CONNECTOR}\ninline_chunk_bytes = 0")
     config = tmp_path / "pipeline.toml"
-    config.write_text(DEMO_TOML.replace(THINKER_ARGS, args))
+    config.write_text(text)
     return config
 
 
@@ -332,7 +341,7 @@ async def test_a_client_that_hangs_up_aborts_its_request(tmp_path):
 
 
 async def test_sigterm_drains_the_request_in_flight_and_refuses_new_ones(tmp_path):
-    config = pipeline(tmp_path, tokens_per_second=10, max_tokens=20)  # 2 s
+    config = pipeline(tmp_path, tokens_per_second=10, max_tokens=20, in_segments=True)  # 2 s
     prompt = "a slow answer"
     first = trio.Event()
     results: list[list[Any]] = []
@@ -375,7 +384,7 @@ async def test_sigterm_drains_the_request_in_flight_and_refuses_new_ones(tmp_pat
 
 
 async def test_ctrl_c_with_a_request_in_flight_exits_130(tmp_path):
-    config = pipeline(tmp_path, tokens_per_second=10, max_tokens=40)  # 4 s
+    config = pipeline(tmp_path, tokens_per_second=10, max_tokens=40, in_segments=True)  # 4 s
     prompt = "interrupt me"
     first = trio.Event()
     results: list[list[Any] | Exception] = []
