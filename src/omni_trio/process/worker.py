@@ -100,8 +100,9 @@ class _ChunkIO:
         seq = request.sent
         request.sent += 1
         limit = worker.init.inline_chunk_bytes  # 0: never inline, not even b""
-        if limit and len(chunk) <= limit:
-            notice = wire.Chunk(self._request_id, "", len(chunk), seq, data=bytes(chunk))
+        size = memoryview(chunk).nbytes  # bytes, not items, for any buffer
+        if limit and size <= limit:
+            notice = wire.Chunk(self._request_id, "", size, seq, data=bytes(chunk))
         else:
             notice = self._in_segment(chunk, seq)
         worker.chunks.send_nowait(wire.encode(notice))
