@@ -294,18 +294,20 @@ async def test_an_engine_that_cannot_load_fails_the_stage_start(engine, message)
 
 
 @pytest.mark.parametrize(
-    ("engine", "args", "message"),
+    ("engine", "args", "startup", "message"),
     [
-        ("slow_to_load", {"seconds": 5.0}, "did not answer within 0.5 s"),
-        ("exits_while_loading", {}, "the worker did not start: EOFError"),
+        ("slow_to_load", {"seconds": 5.0}, 0.5, "did not answer within 0.5 s"),
+        # A generous timeout: a loaded machine may take longer than 0.5 s just to
+        # start the interpreter that is about to exit.
+        ("exits_while_loading", {}, 3.0, "the worker did not start: EOFError"),
     ],
 )
-async def test_a_worker_that_never_gets_ready_fails_the_stage_start(engine, args, message):
+async def test_a_worker_that_never_gets_ready_fails_the_stage_start(engine, args, startup, message):
     with trio.fail_after(4), pytest.raises(WorkerStartError, match=message):
         async with open_process_stage(
             f"process_engines:{engine}",
             engine_args=args,
-            options=WorkerOptions(startup_timeout=0.5),
+            options=WorkerOptions(startup_timeout=startup),
         ):
             pytest.fail("must not start")  # pragma: no cover
 
