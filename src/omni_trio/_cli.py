@@ -16,7 +16,7 @@ import os
 import platform
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -53,14 +53,25 @@ def _shown(text: str) -> str:
     return text if text and text == text.strip() and " " not in text else repr(text)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {_shown(text)}")
-    return value
+def _integer(low: int, high: int | None, rule: str) -> Callable[[str], int]:
+    """An argparse converter: an integer from ``low`` to ``high`` (``None``: no
+    bound), else ``must be <rule>, got TEXT``."""
+
+    def convert(text: str) -> int:
+        try:
+            value: int | None = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {_shown(text)}")
+        return value
+
+    return convert
+
+
+_positive_int = _integer(1, None, "a positive integer")
+_count = _integer(0, None, "an integer >= 0")
+_port = _integer(0, 65535, "a port number 0-65535")
 
 
 def _finite(text: str) -> float:
@@ -137,20 +148,30 @@ def _check_demo(args: argparse.Namespace) -> None:
     _check_output("--output", args.output)
 
 
-def _check_run(args: argparse.Namespace) -> None:
+def _config(args: argparse.Namespace) -> Any:
+    """``args.pipeline``'s config (the demo's when there is none), with the
+    ``[pipeline]`` options the command line overrides."""
     from .config import ConfigError, load_pipeline
 
     try:
-        args.config = load_pipeline(args.pipeline)
+        if args.pipeline is None:
+            from .demo.runner import template
+
+            config = template()
+        else:
+            config = load_pipeline(args.pipeline)
         overrides = {
             key: getattr(args, key)
             for key in ("stage_idle_timeout", "max_in_flight", "shutdown_grace")
             if getattr(args, key) is not None
         }
-        if overrides:
-            args.config = args.config.with_pipeline(**overrides)
+        return config.with_pipeline(**overrides) if overrides else config
     except ConfigError as exc:
         raise _UsageError(str(exc)) from None
+
+
+def _check_run(args: argparse.Namespace) -> None:
+    args.config = _config(args)
     audio = [s for s in args.config.stages if s.final_output and s.final_output_type == "audio"]
     if args.wav is not None:
         if not audio:
@@ -176,50 +197,13 @@ def _check_run(args: argparse.Namespace) -> None:
             raise _UsageError(f"--prompt-file must hold a prompt, {name} is empty")
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number 0-65535, got {_shown(text)}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {_shown(text)}")
-    return value
-
-
 def _check_serve(args: argparse.Namespace) -> None:
-    from .config import ConfigError, load_pipeline
-
     missing = [m for m in ("hypercorn", "starlette", "prometheus_client") if not _importable(m)]
     if missing:
         raise _UsageError(
             f"needs the serve extra ({', '.join(missing)} missing): pip install 'omni-trio[serve]'"
         )
-    try:
-        if args.pipeline is None:
-            from .demo.runner import template
-
-            args.config = template()
-        else:
-            args.config = load_pipeline(args.pipeline)
-        overrides = {
-            key: getattr(args, key)
-            for key in ("stage_idle_timeout", "max_in_flight", "shutdown_grace")
-            if getattr(args, key) is not None
-        }
-        if overrides:
-            args.config = args.config.with_pipeline(**overrides)
-    except ConfigError as exc:
-        raise _UsageError(str(exc)) from None
+    args.config = _config(args)
     _check_address(args.host, args.port)
 
 
