@@ -552,6 +552,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return status
 
 
+def _pipeline_options(command: argparse.ArgumentParser, *, grace: str) -> None:
+    """The ``[pipeline]`` options a command may override (read by :func:`_config`)."""
+    command.add_argument(
+        "--stage-idle-timeout",
+        type=_positive_number,
+        metavar="SECONDS",
+        help="end a request whose stage sends nothing for this long (overrides [pipeline])",
+    )
+    command.add_argument(
+        "--max-in-flight", type=_positive_int, metavar="N", help="overrides [pipeline]"
+    )
+    command.add_argument(
+        "--shutdown-grace", type=_seconds, metavar="SECONDS", help=f"{grace} (overrides [pipeline])"
+    )
+
+
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     """The parsed and checked arguments; raises :exc:`SystemExit` after printing
     help, the version, or the one line that says what is wrong."""
@@ -628,21 +644,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="HZ",
         help="of the audio, overriding the audio stage's sample_rate in the config",
     )
-    run.add_argument(
-        "--stage-idle-timeout",
-        type=_positive_number,
-        metavar="SECONDS",
-        help="end a request whose stage sends nothing for this long (overrides [pipeline])",
-    )
-    run.add_argument(
-        "--max-in-flight", type=_positive_int, metavar="N", help="overrides [pipeline]"
-    )
-    run.add_argument(
-        "--shutdown-grace",
-        type=_seconds,
-        metavar="SECONDS",
-        help="how long stopping may take before what is left is killed (overrides [pipeline])",
-    )
+    _pipeline_options(run, grace="how long stopping may take before what is left is killed")
     run.add_argument(
         "--json",
         action="store_true",
@@ -668,21 +670,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="N",
         help="requests that may wait for a max_in_flight slot; more get 503 at once",
     )
-    serve.add_argument(
-        "--max-in-flight", type=_positive_int, metavar="N", help="overrides [pipeline]"
-    )
-    serve.add_argument(
-        "--stage-idle-timeout",
-        type=_positive_number,
-        metavar="SECONDS",
-        help="overrides [pipeline]",
-    )
-    serve.add_argument(
-        "--shutdown-grace",
-        type=_seconds,
-        metavar="SECONDS",
-        help="how long a drain lets requests in flight run (overrides [pipeline])",
-    )
+    _pipeline_options(serve, grace="how long a drain lets requests in flight run")
     serve.set_defaults(run=_serve, check=_check_serve)
     args, extra = parser.parse_known_args(argv)
     command = commands.choices[args.command]
