@@ -11,7 +11,7 @@ import pytest
 
 from omni_trio import OrchOutput, RequestMetrics
 from omni_trio.serve import FinalOutput
-from omni_trio.serve._answer import DONE, Answer, AnswerError, Plan, error_event
+from omni_trio.serve._answer import DONE, Answer, Plan, error_event
 from omni_trio.serve._protocol import OpenAIError
 
 TEXT, AUDIO = FinalOutput(0, "text", "thinker"), FinalOutput(2, "audio", "code2wav", 16_000)
@@ -106,8 +106,9 @@ def test_text_alone_has_no_audio_and_audio_alone_no_content():
 
 
 def test_audio_that_is_not_bytes_is_an_error_naming_the_stage():
-    with pytest.raises(AnswerError, match="code2wav sent audio that is not bytes: int"):
+    with pytest.raises(OpenAIError, match="code2wav sent audio that is not bytes: int") as caught:
         Answer(plan(), "m").take([out(2, 7)])
+    assert caught.value.status == 500
 
 
 def test_an_error_event_is_the_error_object_then_done():

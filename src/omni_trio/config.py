@@ -45,7 +45,7 @@ import attrs
 import msgspec
 
 from ._util import import_object
-from .process._options import WorkerOptions
+from .process._options import INLINE_CHUNK_BYTES, WorkerOptions
 
 __all__ = [
     "ConfigError",
@@ -102,7 +102,7 @@ class PipelineSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     shutdown_grace: Annotated[float, msgspec.Meta(ge=0)] = 5.0
     """Seconds the orchestrator's shutdown (and a stream left early) may spend
     delivering aborts."""
-    inline_chunk_bytes: Annotated[int, msgspec.Meta(ge=0, le=16 * 1024 * 1024)] = 65536
+    inline_chunk_bytes: Annotated[int, msgspec.Meta(ge=0, le=16 * 1024 * 1024)] = INLINE_CHUNK_BYTES
     """With the shm connector: a chunk of at most this many bytes travels inside its
     notice through the relay, a bigger one in a shared-memory segment; 0: every chunk
     in a segment."""

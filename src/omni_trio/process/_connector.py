@@ -35,11 +35,9 @@ from .._errors import unwrap_single_exception
 from .._util import NoPublicConstructor, final
 from . import _shm
 from . import _wire as wire
+from ._options import INLINE_CHUNK_BYTES
 
-__all__ = ["INLINE_CHUNK_BYTES", "ConnectorStatistics", "ShmConnector", "open_shm_connector"]
-
-#: Chunks of at most this many bytes travel inside their frame by default (64 KiB).
-INLINE_CHUNK_BYTES = 64 * 1024
+__all__ = ["ConnectorStatistics", "ShmConnector", "open_shm_connector"]
 
 logger = logging.getLogger("omni_trio.process")
 

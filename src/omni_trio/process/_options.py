@@ -7,10 +7,13 @@ import attrs
 from .._checks import seconds
 from .._util import final
 
-__all__ = ["BACKENDS", "WorkerOptions"]
+__all__ = ["BACKENDS", "INLINE_CHUNK_BYTES", "WorkerOptions"]
 
 #: Where a stage's worker can run (``WorkerOptions.backend``).
 BACKENDS = ("process", "inprocess")
+#: Chunks of at most this many bytes travel inside their frame by default (64 KiB):
+#: the connector's and the config's default.
+INLINE_CHUNK_BYTES = 64 * 1024
 
 
 def _backend(instance: object, attribute: attrs.Attribute[str], value: object) -> None:

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from .._messages import OrchOutput, RequestMetrics
     from ._model import FinalOutput
 
-__all__ = ["DONE", "Answer", "AnswerError", "Plan", "error_event"]
+__all__ = ["DONE", "Answer", "Plan", "error_event"]
 
 DONE = b"data: [DONE]\n\n"
 
@@ -70,13 +70,16 @@ class Plan:
     def stage_ids(self) -> frozenset[int]:
         return frozenset(o.stage_id for o in self.outputs)
 
-
-class AnswerError(Exception):
-    """A stage sent what the API cannot carry; ``error`` is what the client is told."""
-
-    def __init__(self, error: OpenAIError) -> None:
-        super().__init__(error.message)
-        self.error = error
+    def first_output(self, metrics: RequestMetrics, modality: str) -> float | None:
+        """Seconds from arrival to the first output of ``modality`` this request asked
+        for (time to first token or first audio), or ``None`` if none came."""
+        times = [
+            t
+            for o in self.outputs
+            if o.modality == modality
+            and (t := metrics.time_to_first_output(o.stage_id)) is not None
+        ]
+        return min(times, default=None)
 
 
 def error_event(error: OpenAIError) -> bytes:
@@ -120,7 +123,7 @@ class Answer:
         (:attr:`finish` is then ``"length"``: the rest of the batch is not taken).
 
         Raises:
-          AnswerError: an output the API cannot carry (audio that is not bytes).
+          OpenAIError: 500, an output the API cannot carry (audio that is not bytes).
         """
         events = bytearray()
         limit = self._plan.token_limit
@@ -151,12 +154,10 @@ class Answer:
             return Delta(role=role, content=text)
         data = output.data
         if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise AnswerError(
-                OpenAIError(
-                    500,
-                    f"{final.label} sent audio that is not bytes: {type(data).__name__}",
-                    type="server_error",
-                )
+            raise OpenAIError(
+                500,
+                f"{final.label} sent audio that is not bytes: {type(data).__name__}",
+                type="server_error",
             )
         pcm = bytes(data)
         if keep:
@@ -205,24 +206,19 @@ class Answer:
             model=self._model,
             choices=[Choice(0, message, self.finish or "stop")],
             usage=self._usage(),
-            metrics=_metrics(metrics, self._plan),
+            metrics=self._metrics(metrics),
+        )
+
+    def _metrics(self, metrics: RequestMetrics | None) -> Metrics:
+        if metrics is None:
+            return Metrics(None, None, 0.0)
+        plan = self._plan
+        return Metrics(
+            plan.first_output(metrics, "text"),
+            plan.first_output(metrics, "audio"),
+            metrics.e2e_latency,
         )
 
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
-
-
-def _metrics(metrics: RequestMetrics | None, plan: Plan) -> Metrics:
-    def first(modality: str) -> float | None:
-        if metrics is None:
-            return None
-        times = [
-            t
-            for o in plan.outputs
-            if o.modality == modality
-            and (t := metrics.time_to_first_output(o.stage_id)) is not None
-        ]
-        return min(times, default=None)
-
-    return Metrics(first("text"), first("audio"), 0.0 if metrics is None else metrics.e2e_latency)

@@ -38,7 +38,7 @@ def _json(body: object, status: int = 200) -> Response:
 
 
 def _error(exc: OpenAIError) -> Response:
-    headers = {"retry-after": "1"} if exc.status == 503 else None
+    headers = {name.decode(): value.decode() for name, value in exc.headers}
     return Response(encode(exc.body()), exc.status, headers, media_type="application/json")
 
 

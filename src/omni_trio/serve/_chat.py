@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._answer import Answer, AnswerError, Plan, error_event
-from ._protocol import OpenAIError, encode
+from ._answer import Answer, Plan, error_event
+from ._protocol import OpenAIError, encode, unavailable
 
 if TYPE_CHECKING:
     from .._messages import OrchOutput
@@ -60,14 +60,6 @@ async def send_json(
     await send({"type": "http.response.body", "body": data})
 
 
-class _Ended(Exception):
-    """The request ended without completing; ``error`` says how, to the client."""
-
-    def __init__(self, error: OpenAIError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
 class ChatResponse:
     """The ASGI response to one chat completion request (streamed or whole)."""
 
@@ -86,7 +78,7 @@ class ChatResponse:
         try:
             ticket = server.enter()
         except OpenAIError as exc:
-            await send_json(send, exc.status, exc.body(), _retry_after(exc))
+            await send_json(send, exc.status, exc.body(), exc.headers)
             return
         ended: OpenAIError | None = None
         with ticket:
@@ -95,16 +87,13 @@ class ChatResponse:
                 ticket.cancel_scope = nursery.cancel_scope
                 try:
                     await self._run(send, ticket)
-                except _Ended as exc:
-                    ended = exc.error
+                except OpenAIError as exc:  # the request ended without completing
+                    ended = exc
                 finally:
                     nursery.cancel_scope.cancel()  # the watcher
             if ticket.stopped and not self._answered and not self._disconnected:
-                ended = OpenAIError(
-                    503,
-                    "the server shut down before the request finished",
-                    type="server_error",
-                    code="server_shutting_down",
+                ended = unavailable(
+                    "the server shut down before the request finished", "server_shutting_down"
                 )
         if ended is not None and not self._disconnected:
             with trio.move_on_after(_LAST_WORDS):
@@ -123,7 +112,7 @@ class ChatResponse:
         answer = self._answer
         orchestrator = self._server.orchestrator
         if orchestrator is None:
-            raise _Ended(_unavailable("the server is not ready"))
+            raise unavailable("the server is not ready")
         stream = None
         try:
             async with orchestrator.open_request(
@@ -138,22 +127,22 @@ class ChatResponse:
                 while stream.terminal is None and answer.finish is None:
                     try:
                         events = answer.take(await stream.receive_batch())
-                    except AnswerError as exc:
+                    except OpenAIError:
                         self._broken = True
-                        raise _Ended(exc.error) from None
+                        raise
                     if plan.stream and events:
                         await send(
                             {"type": "http.response.body", "body": events, "more_body": True}
                         )
         except trio.ClosedResourceError:
-            raise _Ended(_unavailable("the server is shutting down")) from None
+            raise unavailable("the server is shutting down", "server_shutting_down") from None
         finally:
             # The block has exited: stream.terminal is known. No stream: the request
             # was never admitted (its client left, or the server stopped, first).
             terminal = None if stream is None else stream.terminal
             self._server.finished(self._label(terminal), terminal, plan)
         if answer.finish is None:
-            raise _Ended(self._failure(terminal))
+            raise self._failure(terminal)
         self._answered = True  # from here on, a cancellation cuts it short, unsaid
         if plan.stream:
             await send({"type": "http.response.body", "body": answer.closing(), "more_body": False})
@@ -175,11 +164,8 @@ class ChatResponse:
     def _failure(self, terminal: OrchOutput | None) -> OpenAIError:
         if terminal is not None and terminal.finish_reason == "error":
             return OpenAIError(500, terminal.error or "the request failed", type="server_error")
-        return OpenAIError(
-            503,
-            "the request was aborted: the server is shutting down",
-            type="server_error",
-            code="server_shutting_down",
+        return unavailable(
+            "the request was aborted: the server is shutting down", "server_shutting_down"
         )
 
     async def _send_error(self, send: Send, error: OpenAIError) -> None:
@@ -187,12 +173,4 @@ class ChatResponse:
             body = error_event(error)
             await send({"type": "http.response.body", "body": body, "more_body": False})
         else:
-            await send_json(send, error.status, error.body(), _retry_after(error))
-
-
-def _unavailable(message: str) -> OpenAIError:
-    return OpenAIError(503, message, type="server_error", code="server_unavailable")
-
-
-def _retry_after(error: OpenAIError) -> list[tuple[bytes, bytes]]:
-    return [(b"retry-after", b"1")] if error.status == 503 else []
+            await send_json(send, error.status, error.body(), error.headers)

@@ -49,7 +49,9 @@ class ServerMetrics:
     ``omni_trio:dropped_outputs_total``. Every one has the label ``model_name``.
     """
 
-    def __init__(self, model: ServedModel) -> None:
+    def __init__(
+        self, model: ServedModel, *, running: Callable[[], int], waiting: Callable[[], int]
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         name = model.name
         labels = ["model_name"]
@@ -78,18 +80,19 @@ class ServerMetrics:
             reason: finished.labels(name, reason)
             for reason in ("completed", "aborted", "error", "length")
         }
-        self.running = Gauge(
+        # The gauges read the server's counts at each scrape.
+        Gauge(
             "omni_trio:num_requests_running",
             "Requests admitted to the orchestrator and not ended.",
             labels,
             registry=self.registry,
-        ).labels(name)
-        self.waiting = Gauge(
+        ).labels(name).set_function(running)
+        Gauge(
             "omni_trio:num_requests_waiting",
             "Requests waiting for a max_in_flight slot.",
             labels,
             registry=self.registry,
-        ).labels(name)
+        ).labels(name).set_function(waiting)
         outputs = Counter(
             "omni_trio:stage_outputs",
             "Outputs streamed to clients, per final stage.",

@@ -38,6 +38,7 @@ __all__ = [
     "Usage",
     "decode_request",
     "encode",
+    "unavailable",
 ]
 
 
@@ -70,6 +71,16 @@ class OpenAIError(Exception):
 
     def body(self) -> ErrorResponse:
         return ErrorResponse(ErrorBody(self.message, self.type, self.param, self.code))
+
+    @property
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """Response headers beside the body: ``Retry-After`` on a 503."""
+        return [(b"retry-after", b"1")] if self.status == 503 else []
+
+
+def unavailable(message: str, code: str = "server_unavailable") -> OpenAIError:
+    """A 503: the server cannot take the request now (a client may retry)."""
+    return OpenAIError(503, message, type="server_error", code=code)
 
 
 class ErrorBody(msgspec.Struct):

@@ -93,7 +93,7 @@ async def serve(
 
 def _lifespan_failed(exc: BaseException) -> bool:
     if isinstance(exc, BaseExceptionGroup):
-        return any(_lifespan_failed(e) for e in exc.exceptions)
+        return exc.subgroup(LifespanFailureError) is not None
     return isinstance(exc, LifespanFailureError)
 
 

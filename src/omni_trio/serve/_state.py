@@ -13,7 +13,7 @@ import trio
 from trio_util import AsyncValue
 
 from ._metrics import ServerMetrics
-from ._protocol import OpenAIError
+from ._protocol import unavailable
 
 if TYPE_CHECKING:
     from .._messages import OrchOutput
@@ -42,16 +42,23 @@ class ServerState:
     metrics: ServerMetrics = attrs.field(init=False)
     orchestrator: Orchestrator | None = None
     draining: bool = False
-    running: int = 0
-    waiting: int = 0
-    #: Chat requests being handled (waiting or running): a drain waits for 0.
+    #: Chat requests being handled, waiting or running: a drain waits for 0.
     active: AsyncValue = attrs.field(factory=lambda: AsyncValue(0))
+    #: Of those, the ones admitted to the orchestrator.
+    running: int = 0
     tickets: set[Ticket] = attrs.field(factory=set)
     #: Why the lifespan failed to start the pipeline, if it did.
     startup_error: Exception | None = None
 
     def __attrs_post_init__(self) -> None:
-        self.metrics = ServerMetrics(self.model)
+        self.metrics = ServerMetrics(
+            self.model, running=lambda: self.running, waiting=lambda: self.waiting
+        )
+
+    @property
+    def waiting(self) -> int:
+        """Chat requests waiting for a ``max_in_flight`` slot."""
+        return int(self.active.value) - self.running
 
     @property
     def ready(self) -> bool:
@@ -65,25 +72,18 @@ class ServerState:
               requests run and ``max_waiting`` more wait.
         """
         if self.draining:
-            raise OpenAIError(
-                503,
-                "the server is shutting down and takes no new requests",
-                type="server_error",
-                code="server_shutting_down",
+            raise unavailable(
+                "the server is shutting down and takes no new requests", "server_shutting_down"
             )
         if self.orchestrator is None:
-            raise OpenAIError(
-                503, "the server is not ready", type="server_error", code="server_unavailable"
-            )
+            raise unavailable("the server is not ready")
         limit = self.orchestrator.max_in_flight
-        if limit is not None and self.running + self.waiting >= limit + self.max_waiting:
-            raise OpenAIError(
-                503,
+        if limit is not None and self.active.value >= limit + self.max_waiting:
+            raise unavailable(
                 f"the server is at capacity: {self.running} requests running "
                 f"(max_in_flight={limit}) and {self.waiting} waiting "
                 f"(max_waiting={self.max_waiting})",
-                type="server_error",
-                code="server_overloaded",
+                "server_overloaded",
             )
         return Ticket(self)
 
@@ -95,10 +95,10 @@ class ServerState:
         if timings is None:
             return
         metrics.e2e.observe(timings.e2e_latency)
-        for output in plan.outputs:
-            first = timings.time_to_first_output(output.stage_id)
+        for histogram, modality in ((metrics.ttft, "text"), (metrics.ttfa, "audio")):
+            first = plan.first_output(timings, modality)
             if first is not None:
-                (metrics.ttft if output.modality == "text" else metrics.ttfa).observe(first)
+                histogram.observe(first)
 
     def cancel_all(self) -> None:
         """End every chat request being handled (a drain's grace ran out)."""
@@ -123,20 +123,13 @@ class Ticket:
     stopped: bool = False
 
     def __enter__(self) -> Ticket:
-        server = self.server
-        server.waiting += 1
-        server.active.value += 1
-        server.tickets.add(self)
-        server.metrics.waiting.set(server.waiting)
+        self.server.active.value += 1
+        self.server.tickets.add(self)
         return self
 
     def admitted(self) -> None:
-        server = self.server
-        server.waiting -= 1
-        server.running += 1
+        self.server.running += 1
         self.running = True
-        server.metrics.waiting.set(server.waiting)
-        server.metrics.running.set(server.running)
 
     def __exit__(
         self,
@@ -145,11 +138,6 @@ class Ticket:
         tb: TracebackType | None,
     ) -> None:
         server = self.server
-        if self.running:
-            server.running -= 1
-        else:
-            server.waiting -= 1
+        server.running -= self.running
         server.tickets.discard(self)
         server.active.value -= 1
-        server.metrics.waiting.set(server.waiting)
-        server.metrics.running.set(server.running)
