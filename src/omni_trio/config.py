@@ -45,7 +45,7 @@ import attrs
 import msgspec
 
 from ._util import import_object
-from .process._options import INLINE_CHUNK_BYTES, WorkerOptions
+from .process._options import INLINE_CHUNK_BYTES, MIN_RING_BYTES, RING_BYTES, WorkerOptions
 
 __all__ = [
     "ConfigError",
@@ -104,8 +104,12 @@ class PipelineSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     delivering aborts."""
     inline_chunk_bytes: Annotated[int, msgspec.Meta(ge=0, le=16 * 1024 * 1024)] = INLINE_CHUNK_BYTES
     """With the shm connector: a chunk of at most this many bytes travels inside its
-    notice through the relay, a bigger one in a shared-memory segment; 0: every chunk
-    in a segment."""
+    frame from worker to worker, a bigger one through the sender's shared-memory ring;
+    0: every chunk through the ring."""
+    ring_bytes: Annotated[int, msgspec.Meta(ge=MIN_RING_BYTES, le=1024 * 1024 * 1024)] = RING_BYTES
+    """With the shm connector: the size of the shared-memory ring each sending worker
+    keeps per worker it sends to; a chunk must fit in it, and a full one makes the
+    sender wait."""
 
 
 class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):

@@ -2,20 +2,20 @@
 
 A :class:`~omni_trio.process.ProcessStage` supervises one worker at a time through a
 :class:`~omni_trio.process._connection.WorkerConnection`, which speaks the wire
-protocol over two stream connections: control (``Init``, ``Submit``, ``Output``, ...)
-and, in async_chunk mode, connector (``Chunk`` notices for the relay). Everything the
+protocol over a stream connection (``Init``, ``Submit``, ``Output``, ...); chunks go
+between workers over links of their own. Everything the
 worker does -- loading the engine, running its requests, the chunk sequence numbers,
 releases, heartbeats -- is :mod:`omni_trio.process.worker`'s ``_serve``, whatever the
 worker is. A :class:`WorkerLauncher` says only what it is:
 
 - :class:`ProcessLauncher` (``backend = "process"``): ``python -m
-  omni_trio.process.worker``, connected over inherited socket pairs.
+  omni_trio.process.worker``, connected over an inherited socket pair.
 - :class:`TaskLauncher` (``backend = "inprocess"``): ``_serve`` in a task of this
-  Trio run, connected over socket pairs exactly as a process would be.
+  Trio run, connected over a socket pair exactly as a process would be.
 
-A launcher makes the connections and starts the worker; a :class:`WorkerHandle` lets
+A launcher makes the connection and starts the worker; a :class:`WorkerHandle` lets
 the connection kill it and wait for it to end. A cluster backend (an actor that runs
-``_serve`` over TCP connections) is a third launcher.
+``_serve`` over a TCP connection) is a third launcher.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ class WorkerHandle(Protocol):
 @final
 @attrs.frozen
 class LaunchedWorker:
-    """What a launcher hands its connection: the worker and our ends of its
-    connections (``connector`` only when asked for).
+    """What a launcher hands its connection: the worker and our end of its control
+    connection.
 
     ``heartbeat`` says whether pinging it tells anything: not for a task of our own
     event loop, which cannot be stuck while we are not.
@@ -72,7 +72,6 @@ class LaunchedWorker:
 
     handle: WorkerHandle
     control: socket.socket
-    connector: socket.socket | None
     heartbeat: bool = True
 
 
@@ -83,23 +82,13 @@ class WorkerLauncher(Protocol):
     def backend(self) -> str:
         """Its name in a config's ``[stages.runtime] backend``."""
 
-    async def launch(self, nursery: trio.Nursery, *, with_connector: bool) -> LaunchedWorker:
-        """Start a worker serving the wire protocol on its ends of fresh connections.
+    async def launch(self, nursery: trio.Nursery) -> LaunchedWorker:
+        """Start a worker serving the wire protocol on its end of a fresh connection.
 
         ``nursery`` outlives every worker of the stage: tasks the worker needs run
         there. The worker is not ready yet: its connection sends ``Init`` and waits for
         ``Ready``. If this raises, nothing of the worker is left.
         """
-
-
-def _socketpairs(with_connector: bool) -> list[tuple[socket.socket, socket.socket]]:
-    return [socket.socketpair() for _ in range(2 if with_connector else 1)]
-
-
-def _close(sockets: list[socket.socket | None]) -> None:
-    for sock in sockets:
-        if sock is not None:
-            sock.close()
 
 
 # -- processes ------------------------------------------------------------------------------
@@ -148,30 +137,23 @@ _WORKER_MAIN = (
 class ProcessLauncher:
     """Each worker is ``omni_trio.process.worker.main`` in a new Python process (with
     the import path of this process, so it imports what we can, and SIGINT and SIGTERM
-    ignored from its first line), its connections inherited socket pairs."""
+    ignored from its first line), its control connection an inherited socket pair."""
 
     backend = "process"
 
-    async def launch(self, nursery: trio.Nursery, *, with_connector: bool) -> LaunchedWorker:
-        pairs = _socketpairs(with_connector)
-        children = [child for _, child in pairs]
-        command = [sys.executable, "-c", _WORKER_MAIN]
-        command += ["--control-fd", str(children[0].fileno())]
-        if with_connector:
-            command += ["--connector-fd", str(children[1].fileno())]
+    async def launch(self, nursery: trio.Nursery) -> LaunchedWorker:
+        ours, child = socket.socketpair()
+        command = [sys.executable, "-c", _WORKER_MAIN, "--control-fd", str(child.fileno())]
         env = dict(os.environ)  # the worker imports what this process can
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         try:
-            process = await trio.lowlevel.open_process(
-                command, pass_fds=[s.fileno() for s in children], env=env
-            )
+            process = await trio.lowlevel.open_process(command, pass_fds=[child.fileno()], env=env)
         except BaseException:
-            _close([ours for ours, _ in pairs])
+            ours.close()
             raise
         finally:
-            _close(list(children))
-        connector = pairs[1][0] if with_connector else None
-        return LaunchedWorker(_ProcessHandle(process), pairs[0][0], connector)
+            child.close()
+        return LaunchedWorker(_ProcessHandle(process), ours)
 
 
 # -- tasks --------------------------------------------------------------------------------
@@ -193,20 +175,15 @@ class _TaskHandle:
         await self._done.wait()
         return self._reason
 
-    async def run(
-        self,
-        control: socket.socket,
-        connector: socket.socket | None,
-        factory: EngineFactory | None,
-    ) -> None:
+    async def run(self, control: socket.socket, factory: EngineFactory | None) -> None:
         """The worker: ``_serve`` until it returns (``Shutdown``, or its control
         connection closed), raises (said as the reason, as a process's exit status
-        would be) or is killed. Its ends of the connections close with it, which is
-        how its peer learns that it is gone."""
+        would be) or is killed. Its end of the connection closes with it, which is how
+        its peer learns that it is gone."""
         reason = "its task was cancelled"  # with the stage's nursery
         try:
             with self._scope:
-                await _worker._serve(control, connector, factory=factory)
+                await _worker._serve(control, factory=factory)
                 reason = "its task returned"
             if self._scope.cancelled_caught:
                 reason = "killed (its task was cancelled)"
@@ -214,15 +191,15 @@ class _TaskHandle:
             logger.error("an in-process worker raised", exc_info=True)
             reason = f"raised {describe(exc)}"
         finally:
-            _close([control, connector])
+            control.close()
             self._reason = reason
             self._done.set()
 
 
 @final
 class TaskLauncher:
-    """Each worker is a task of this Trio run (in the stage's nursery), serving
-    socket pairs as a process would. ``factory`` is the engine factory, when it was
+    """Each worker is a task of this Trio run (in the stage's nursery), serving a
+    socket pair as a process would. ``factory`` is the engine factory, when it was
     given as an object rather than an import path."""
 
     backend = "inprocess"
@@ -230,14 +207,11 @@ class TaskLauncher:
     def __init__(self, factory: EngineFactory | None = None) -> None:
         self._factory = factory
 
-    async def launch(self, nursery: trio.Nursery, *, with_connector: bool) -> LaunchedWorker:
+    async def launch(self, nursery: trio.Nursery) -> LaunchedWorker:
         # A cancel point first, never after the task is started: a cancel there would
         # lose the worker, and its task would wait for an Init forever.
         await trio.lowlevel.checkpoint()
-        pairs = _socketpairs(with_connector)
+        ours, child = socket.socketpair()
         handle = _TaskHandle()
-        connector, connector_child = pairs[1] if with_connector else (None, None)
-        nursery.start_soon(
-            handle.run, pairs[0][1], connector_child, self._factory, name="in-process worker"
-        )
-        return LaunchedWorker(handle, pairs[0][0], connector, heartbeat=False)
+        nursery.start_soon(handle.run, child, self._factory, name="in-process worker")
+        return LaunchedWorker(handle, ours, heartbeat=False)

@@ -12,7 +12,6 @@ business (:class:`omni_trio.process.ProcessStage`).
 from __future__ import annotations
 
 import contextlib
-import socket
 from typing import TYPE_CHECKING
 
 import trio
@@ -50,7 +49,8 @@ class WorkerConnection:
       unreleased: Requests submitted to it that its stage has not released: their
           chunks may still be in its shared memory.
       last_heard: When it last sent anything (``trio.current_time()``).
-      connector_socket: Its end of the connector connection, until the relay takes it.
+      address: Where it listens for chunks from upstream workers ("" if it reads
+          none).
     """
 
     def __init__(
@@ -63,7 +63,7 @@ class WorkerConnection:
     ) -> None:
         self.handle = launched.handle
         self.generation = generation
-        self.connector_socket = launched.connector
+        self.address = ""
         self.in_flight: set[str] = set()
         self.unreleased: set[str] = set()
         self.last_heard = trio.current_time()
@@ -96,7 +96,6 @@ class WorkerConnection:
         label: str,
         launcher: WorkerLauncher,
         nursery: trio.Nursery,
-        with_connector: bool,
     ) -> WorkerConnection:
         """Launch a worker (see :class:`WorkerLauncher`) and wait for it to be ready.
 
@@ -104,7 +103,7 @@ class WorkerConnection:
           WorkerStartError: its engine could not be loaded, it exited, or it did not
               answer within ``options.startup_timeout``. The worker is gone then.
         """
-        launched = await launcher.launch(nursery, with_connector=with_connector)
+        launched = await launcher.launch(nursery)
         worker = cls(launched, label=label, generation=init.generation, options=options)
         try:
             await worker._handshake(init)
@@ -129,6 +128,7 @@ class WorkerConnection:
             raise WorkerStartError(f"{self._label}: {first.message}")
         if type(first) is not wire.Ready:
             raise WorkerStartError(f"{self._label}: expected Ready, got {type(first).__name__}")
+        self.address = first.address
         self.last_heard = trio.current_time()
 
     # -- what its stage sends -----------------------------------------------------------
@@ -146,6 +146,11 @@ class WorkerConnection:
         self.in_flight.discard(request_id)
         self.unreleased.discard(request_id)
         self._writer.send_nowait(wire.encode(wire.Release(request_id)))
+
+    def route(self, stage_id: int, address: str, *, gone: bool = False) -> None:
+        """Tell it where stage ``stage_id``'s worker listens for its chunks (see
+        ``wire.Route``)."""
+        self._writer.send_nowait(wire.encode(wire.Route(stage_id, address, gone)))
 
     # -- serving ------------------------------------------------------------------------
 
@@ -253,11 +258,3 @@ class WorkerConnection:
             handle.kill()  # a no-op if it has ended
             await handle.wait()
             await self._stream.aclose()
-        if self.connector_socket is not None:
-            self.connector_socket.close()
-            self.connector_socket = None
-
-    def take_connector_socket(self) -> socket.socket | None:
-        """Hand the connector connection over (to the relay, which closes it)."""
-        sock, self.connector_socket = self.connector_socket, None
-        return sock

@@ -7,13 +7,18 @@ import attrs
 from .._checks import seconds
 from .._util import final
 
-__all__ = ["BACKENDS", "INLINE_CHUNK_BYTES", "WorkerOptions"]
+__all__ = ["BACKENDS", "INLINE_CHUNK_BYTES", "MIN_RING_BYTES", "RING_BYTES", "WorkerOptions"]
 
 #: Where a stage's worker can run (``WorkerOptions.backend``).
 BACKENDS = ("process", "inprocess")
 #: Chunks of at most this many bytes travel inside their frame by default (64 KiB):
 #: the connector's and the config's default.
 INLINE_CHUNK_BYTES = 64 * 1024
+#: Each sending worker's shared-memory ring per worker it sends to, for chunks bigger
+#: than that (4 MiB by default, as vLLM-Omni's): the connector's and the config's default.
+RING_BYTES = 4 * 1024 * 1024
+#: The smallest ring that may be configured.
+MIN_RING_BYTES = 64 * 1024
 
 
 def _backend(instance: object, attribute: attrs.Attribute[str], value: object) -> None:

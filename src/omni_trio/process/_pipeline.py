@@ -78,6 +78,7 @@ async def open_process_pipeline(config: PipelineConfig) -> AsyncIterator[Process
                         routes,
                         prefix=prefix,
                         inline_chunk_bytes=config.pipeline.inline_chunk_bytes,
+                        ring_bytes=config.pipeline.ring_bytes,
                     )
                 )
             stages = []

@@ -177,14 +177,12 @@ class ProcessStage(metaclass=NoPublicConstructor):
         await trio.lowlevel.checkpoint()
 
     async def release(self, request_id: str) -> None:
-        """The request has its terminal: the worker frees its segments for it, and
-        drops chunks that still arrive for it."""
+        """The request has its terminal: the worker forgets it, frees its ring space,
+        and drops chunks that still arrive for it."""
         if self._worker is not None:
             self._worker.release(request_id)
         elif self.death_cause is None:  # restarting: the next worker must drop its chunks too
             self._releases_for_next.append(request_id)
-        if self._connector is not None:
-            self._connector.released(self.stage_id, request_id)
         await trio.lowlevel.checkpoint()
 
     def kill(self) -> None:
@@ -228,16 +226,7 @@ class ProcessStage(metaclass=NoPublicConstructor):
         failed_starts = 0  # in a row: a worker that cannot start is not restarted forever
         while True:
             self._started += 1
-            init = wire.Init(
-                self.stage_id,
-                self.name,
-                self._engine,
-                self._engine_args,
-                self._prefix,
-                self._started,
-                self.options.completion_delay,
-                self._connector.inline_chunk_bytes if self._connector is not None else 0,
-            )
+            init = self._init()
             assert self._nursery is not None
             try:
                 worker = await WorkerConnection.start(
@@ -246,7 +235,6 @@ class ProcessStage(metaclass=NoPublicConstructor):
                     label=self.label,
                     launcher=self._launcher,
                     nursery=self._nursery,
-                    with_connector=self._connector is not None,
                 )
             except WorkerStartError as exc:
                 if self._started == 1:
@@ -276,37 +264,51 @@ class ProcessStage(metaclass=NoPublicConstructor):
             if failed_starts:
                 await trio.sleep(0.1 * 2**failed_starts)
 
+    def _init(self) -> wire.Init:
+        """The ``Init`` of the stage's next worker."""
+        init = wire.Init(
+            self.stage_id,
+            self.name,
+            self._engine,
+            self._engine_args,
+            self._prefix,
+            self._started,
+            self.options.completion_delay,
+        )
+        connector = self._connector
+        if connector is not None:
+            init.chunks = True
+            init.listen = connector.reads(self.stage_id)
+            init.targets = list(connector.targets(self.stage_id))
+            init.inline_chunk_bytes = connector.inline_chunk_bytes
+            init.ring_bytes = connector.ring_bytes
+        return init
+
     async def _serve(self, worker: WorkerConnection) -> tuple[str, set[str]]:
         """Make ``worker`` the stage's until it is gone. Returns why it went, and the
-        requests that went with it: those it was running, and those whose chunks it
-        had been handed (a request's chunks may come before its submit)."""
+        requests it was running, which went with it."""
         connector = self._connector
         self._worker = worker
         for request_id in self._releases_for_next:
             worker.release(request_id)
         self._releases_for_next.clear()
         self._next_worker.set()
-        if connector is not None:
-            connector.attach(self.stage_id, worker.take_connector_socket())
-        handed: set[str] = set()
+        if connector is not None:  # before any submit: its routes come first
+            connector.attach(self.stage_id, worker)
         try:
             reason = await worker.run(self._outputs_send)
         finally:
             self._worker = None
             self._next_worker = trio.Event()
             if connector is not None:
-                handed = connector.detach(self.stage_id)
+                connector.detach(self.stage_id)
             await worker.aclose()  # shielded, and bounded by shutdown_grace
             swept = _shm.sweep(f"{self.segment_prefix}{worker.generation}-")
             if swept:
                 logger.info(
                     "%s: swept %d segments of worker #%d", self.label, swept, worker.generation
                 )
-        if connector is not None and worker.unreleased:
-            # It died: downstream readers of its chunks must not wait for chunks (or
-            # ends of streams) that went with it.
-            connector.lost(self.stage_id, worker.unreleased, f"{self.label} lost its worker")
-        return reason, worker.in_flight | handed
+        return reason, worker.in_flight
 
     def _close(self) -> None:
         self._scope.cancel()

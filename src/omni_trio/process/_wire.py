@@ -24,11 +24,14 @@ __all__ = [
     "MAX_FRAME",
     "PEER_GONE",
     "Abort",
+    "Ack",
     "Chunk",
+    "Drop",
     "Failed",
     "Fatal",
     "FrameReader",
     "FrameWriter",
+    "Hello",
     "Init",
     "Lost",
     "Output",
@@ -37,8 +40,11 @@ __all__ = [
     "ProtocolError",
     "Ready",
     "Release",
+    "Ring",
+    "Route",
     "Shutdown",
     "Submit",
+    "Waiting",
     "encode",
     "write_until_closed",
 ]
@@ -74,9 +80,18 @@ class _Message(msgspec.Struct, tag=True, array_like=True):
 class Init(_Message):
     """First frame: what the worker is and runs. ``generation`` counts the stage's
     workers (1, then 2 after a restart, ...): it makes the names of the shared-memory
-    segments a worker creates its own, never a predecessor's. A chunk of at most
-    ``inline_chunk_bytes`` bytes travels inside its ``Chunk`` frame instead of a
-    segment (0, the default: every chunk gets a segment)."""
+    rings a worker creates, and the address it listens on, its own, never a
+    predecessor's.
+
+    ``chunks`` says the worker streams chunks (async_chunk mode with a connector):
+    to the stages ``targets``, once told where their workers are (``Route``), and,
+    with ``listen``, from upstream workers that connect to it (its address goes back
+    in ``Ready``). A chunk of at most ``inline_chunk_bytes`` bytes
+    travels inside its ``Chunk`` frame (0: none does), a bigger one through a ring of
+    ``ring_bytes`` per downstream connection. A request may have ``window`` chunks,
+    and ``window_bytes`` bytes, sent and not yet read per downstream stage; its
+    sender waits for more.
+    """
 
     stage_id: int
     name: str
@@ -85,7 +100,13 @@ class Init(_Message):
     prefix: str
     generation: int = 1
     completion_delay: float = 0.0
+    chunks: bool = False
+    listen: bool = False
+    targets: list[int] = []
     inline_chunk_bytes: int = 0
+    ring_bytes: int = 0
+    window: int = 64
+    window_bytes: int = 1 << 20
 
 
 class Submit(_Message):
@@ -109,11 +130,26 @@ class Shutdown(_Message):
     pass
 
 
+class Route(_Message):
+    """Send your chunks for stage ``stage_id`` to the worker listening at ``address``
+    (a new address: a new worker; a request whose chunks went to the previous one is
+    lost there). An empty address: that stage has no worker right now, so senders
+    wait; ``gone``: it will have none again, so its chunks are dropped."""
+
+    stage_id: int
+    address: str
+    gone: bool = False
+
+
 # -- worker -> orchestrator ---------------------------------------------------------------
 
 
 class Ready(_Message):
+    """The worker is serving; ``address``: where upstream workers connect to send it
+    chunks (empty unless ``Init.listen``)."""
+
     pid: int
+    address: str = ""
 
 
 class Fatal(_Message):
@@ -137,41 +173,75 @@ class Pong(_Message):
     seq: int
 
 
-# -- connector (worker <-> the orchestrator's relay) --------------------------------------
+# -- a chunk link (a sending worker <-> a reading worker) -----------------------------------
+
+
+class Hello(_Message):
+    """First frame on a chunk link: it comes from stage ``stage_id``'s worker
+    number ``generation``."""
+
+    stage_id: int
+    generation: int
+
+
+class Ring(_Message):
+    """The sender's shared-memory ring for chunks too big to travel inline; ``Chunk``
+    frames with an ``offset`` that follow are in it."""
+
+    name: str
 
 
 class Chunk(_Message):
-    """A chunk for the downstream stage: ``size`` bytes in shared-memory segment
-    ``key``, the ``seq``-th of its request (from 0) -- or, for a small chunk, its
-    bytes in ``data`` (and an empty key): no segment at all. ``eos`` (with an empty
-    key) says the request's upstream is done, after ``seq`` chunks: a reader that saw
-    fewer lost some."""
+    """The ``seq``-th chunk of a request (from 0), ``size`` bytes: in ``data``, or in
+    the sender's ring at ``offset``. ``eos`` says the request's upstream is done,
+    after ``seq`` chunks: a reader that saw fewer lost some."""
 
     request_id: str
-    key: str
-    size: int
     seq: int
-    eos: bool = False
+    size: int = 0
     data: bytes | None = None
+    offset: int = -1
+    eos: bool = False
 
 
 class Lost(_Message):
-    """From the relay: the upstream worker that was streaming ``request_id`` died, so
-    chunks of it may be missing (its segments were freed with it)."""
+    """Chunks of ``request_id`` may be missing: they went to a reading worker that
+    died (sent first on the link to its successor)."""
 
     request_id: str
     reason: str
 
 
-ToWorker = Init | Submit | Abort | Release | Ping | Shutdown
+class Waiting(_Message):
+    """The sender waits for acknowledgements of ``request_id``'s chunks (its window
+    is full): the reader sends what it owes at once, and from then on as it reads."""
+
+    request_id: str
+
+
+class Drop(_Message):
+    """The sender released ``request_id``: a reader that never ran it can forget it."""
+
+    request_id: str
+
+
+class Ack(_Message):
+    """From the reader: ``counts[request_id]`` more of the request's chunks were read
+    (or dropped), and the ring slots at ``slots`` are free again."""
+
+    counts: dict[str, int]
+    slots: list[int]
+
+
+ToWorker = Init | Submit | Abort | Release | Ping | Shutdown | Route
 FromWorker = Ready | Fatal | Output | Failed | Pong
-FromRelay = Chunk | Lost
+ToReader = Hello | Ring | Chunk | Lost | Drop | Waiting
 
 _encoder = msgspec.msgpack.Encoder()
 DECODE_TO_WORKER = msgspec.msgpack.Decoder(ToWorker)
 DECODE_FROM_WORKER = msgspec.msgpack.Decoder(FromWorker)
-DECODE_TO_RELAY = msgspec.msgpack.Decoder(Chunk)
-DECODE_FROM_RELAY = msgspec.msgpack.Decoder(FromRelay)
+DECODE_TO_READER = msgspec.msgpack.Decoder(ToReader)
+DECODE_TO_SENDER = msgspec.msgpack.Decoder(Ack)
 
 
 def encode(message: _Message) -> bytes:
@@ -243,36 +313,82 @@ class FrameReader:
 
 
 class FrameWriter:
-    """Frames into a byte stream from one task; callers never block.
+    """Frames into a byte stream from one task.
 
-    ``send_nowait`` queues an encoded frame; :meth:`run` writes whatever is queued in
-    one ``send_all`` per wake-up, so a burst of frames costs one system call.
+    ``send_nowait`` queues an encoded frame and never blocks; :meth:`send` waits first
+    while more than ``high_water`` bytes are queued, so a producer that could outrun
+    the connection (an engine's outputs) is held back by it. :meth:`run` writes
+    whatever is queued in one ``send_all`` per wake-up, so a burst of frames costs one
+    system call.
     """
 
-    def __init__(self, stream: trio.abc.SendStream) -> None:
+    def __init__(self, stream: trio.abc.SendStream, *, high_water: int = 1 << 20) -> None:
         self._stream = stream
         self._send, self._receive = trio.open_memory_channel[bytes](float("inf"))
+        self._high_water = high_water
+        self._queued = 0  # bytes queued and not yet written
+        self._total = 0  # bytes queued ever
+        self._written = 0  # bytes written ever
+        self._done = False  # closed, or its run ended: nobody waits for room any more
+        self._room = trio.Event()
+
+    @property
+    def queued(self) -> int:
+        """Bytes queued and not yet written."""
+        return self._queued
 
     def send_nowait(self, frame: bytes) -> None:
         self._send.send_nowait(frame)
+        self._queued += len(frame)
+        self._total += len(frame)
+
+    async def send(self, frame: bytes) -> None:
+        """Queue ``frame`` once at most ``high_water`` bytes wait to be written (a
+        checkpoint only when it waits)."""
+        while self._queued > self._high_water and not self._done:
+            if self._room.is_set():
+                self._room = trio.Event()
+            await self._room.wait()
+        self.send_nowait(frame)
+
+    async def flushed(self) -> None:
+        """Wait until every frame queued so far has been written (or the writer is
+        done: closed, or its connection gone)."""
+        target = self._total
+        while self._written < target and not self._done:
+            if self._room.is_set():
+                self._room = trio.Event()
+            await self._room.wait()
 
     def close(self) -> None:
         """No more frames; :meth:`run` returns once the queued ones are written."""
         self._send.close()
+        self._finish()
+
+    def _finish(self) -> None:
+        self._done = True
+        self._room.set()
 
     async def run(self) -> None:
         receive = self._receive
-        while True:
-            try:
-                frames = [await receive.receive()]
-            except trio.EndOfChannel:
-                return
+        try:
             while True:
                 try:
-                    frames.append(receive.receive_nowait())
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
-            await self._stream.send_all(b"".join(frames))
+                    frames = [await receive.receive()]
+                except trio.EndOfChannel:
+                    return
+                while True:
+                    try:
+                        frames.append(receive.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                data = b"".join(frames)
+                await self._stream.send_all(data)
+                self._queued -= len(data)
+                self._written += len(data)
+                self._room.set()
+        finally:
+            self._finish()
 
 
 async def write_until_closed(writer: FrameWriter) -> None:

@@ -1,19 +1,17 @@
 """A stage worker: one process running one stage's engine under Trio.
 
 Started by :func:`omni_trio.process.open_process_stage` as a Python process running
-:func:`main` with ``--control-fd N [--connector-fd M]`` (as ``python -m
-omni_trio.process.worker`` would, with SIGINT and SIGTERM ignored from its first
-line); an
-in-process stage (:func:`omni_trio.process.open_inprocess_stage`) runs its ``_serve``
-in a task instead, over socket pairs, the same in every other way. The control
-connection carries frames from the orchestrator (``Init`` first, then ``Submit``,
-``Abort``, ``Release``, ``Ping``, ``Shutdown``) and back (``Ready``/``Fatal``,
-``Output``, ``Failed``, ``Pong``). The connector connection, in async_chunk mode,
-carries ``Chunk`` notices to the orchestrator's relay and ``Chunk`` and ``Lost``
-notices from it; a small chunk travels inside its notice, a bigger one in shared
-memory (``Init.inline_chunk_bytes`` draws the line).
+:func:`main` with ``--control-fd N`` (as ``python -m omni_trio.process.worker`` would,
+with SIGINT and SIGTERM ignored from its first line); an in-process stage
+(:func:`omni_trio.process.open_inprocess_stage`) runs its ``_serve`` in a task
+instead, over a socket pair, the same in every other way. The control connection
+carries frames from the orchestrator (``Init`` first, then ``Submit``, ``Abort``,
+``Release``, ``Route``, ``Ping``, ``Shutdown``) and back (``Ready``/``Fatal``,
+``Output``, ``Failed``, ``Pong``). In async_chunk mode chunks go straight to the
+workers of the stages downstream, over links the orchestrator routes
+(:mod:`omni_trio.process._links`); a worker that reads chunks listens for them.
 
-It imports only what it needs -- the wire, the segments, the engine API and the
+It imports only what it needs -- the wire, the links, the engine API and the
 foundations -- none of the orchestrator's modules.
 """
 
@@ -32,9 +30,10 @@ from typing import Any
 import trio
 
 from .._util import describe, import_object
-from . import _shm
 from . import _wire as wire
 from ._engine import ChunkLostError, Engine, EngineFactory, EngineRequest, Last
+from ._links import InLink, OutLink, listen_address
+from ._ring import RingError, RingReader
 
 __all__ = ["main"]
 
@@ -47,35 +46,47 @@ _REMEMBER_RELEASED = 4096
 _ORCHESTRATOR_GONE: tuple[type[Exception], ...] = (EOFError, *wire.PEER_GONE)
 
 
+#: An upstream chunk (or a loss) for a request, and the link to acknowledge it on
+#: once read (``None``: taken when it came, acknowledged then).
+_Notice = tuple["wire.Chunk | wire.Lost", "InLink | None"]
+
+
 class _Request:
-    """One request as this worker knows it: its engine task, its upstream chunks, the
-    segments it created."""
+    """One request as this worker knows it: its engine task, its upstream chunks."""
 
     __slots__ = (
         "broken",
         "eof",
         "expected",
+        "finished",
         "inbox_receive",
         "inbox_send",
-        "number",
+        "running",
         "scope",
-        "segments",
         "sent",
         "upstream_done",
     )
 
-    def __init__(self, number: int) -> None:
-        self.number = number
+    def __init__(self) -> None:
         self.scope = trio.CancelScope()
-        self.segments: list[str] = []  # created for this request; freed at release
         self.sent = 0
-        self.inbox_send, self.inbox_receive = trio.open_memory_channel[wire.Chunk | wire.Lost](
-            math.inf
-        )
+        self.inbox_send, self.inbox_receive = trio.open_memory_channel[_Notice](math.inf)
+        self.running = False  # its engine was started, and has not ended
+        self.finished = False  # its engine has ended: nothing will read its chunks
         self.upstream_done = False  # its end of stream arrived: nothing more can be lost
         self.expected = 0  # the seq of the next upstream chunk
         self.eof = False  # the engine has read to the end
         self.broken: str | None = None  # why chunks are missing, once they are
+
+    def drain(self) -> None:
+        """Nothing will read what waits in the inbox: acknowledge it."""
+        while True:
+            try:
+                notice, link = self.inbox_receive.receive_nowait()
+            except trio.WouldBlock:
+                return
+            if link is not None and isinstance(notice, wire.Chunk) and not notice.eos:
+                link.ack(notice.request_id, notice.offset)
 
 
 class _ChunkIO:
@@ -88,37 +99,24 @@ class _ChunkIO:
 
     @property
     def connected(self) -> bool:
-        return self._worker.chunks is not None
+        return self._worker.init.chunks
 
     async def send(self, chunk: bytes | bytearray | memoryview) -> None:
         worker, request = self._worker, self._request
-        if worker.chunks is None:
+        if not worker.init.chunks:
             raise RuntimeError("this stage has no connector: chunks need async_chunk mode")
         # Checkpoint first: an engine resumed after its request was aborted and
-        # released must stop here, before it creates a segment nobody would free.
+        # released must stop here, before it sends anything more.
         await trio.lowlevel.checkpoint()
+        view = memoryview(chunk).cast("B")  # bytes, not items, for any buffer
         seq = request.sent
         request.sent += 1
-        limit = worker.init.inline_chunk_bytes  # 0: never inline, not even b""
-        size = memoryview(chunk).nbytes  # bytes, not items, for any buffer
-        if limit and size <= limit:
-            notice = wire.Chunk(self._request_id, "", size, seq, data=bytes(chunk))
-        else:
-            notice = self._in_segment(chunk, seq)
-        worker.chunks.send_nowait(wire.encode(notice))
+        for link in worker.outlinks:
+            await link.send(self._request_id, seq, view)
 
-    def _in_segment(self, chunk: bytes | bytearray | memoryview, seq: int) -> wire.Chunk:
-        """Put a chunk too big to travel in its frame into a segment of its own,
-        freed when the request is released."""
-        name = f"{self._worker.segment_prefix}{self._request.number}-{seq}"
-        size = _shm.create(name, self._request_id, chunk)
-        self._request.segments.append(name)
-        return wire.Chunk(self._request_id, name, size, seq)
-
-    def end(self) -> None:
-        if self._worker.chunks is not None:
-            eos = wire.Chunk(self._request_id, "", 0, self._request.sent, eos=True)
-            self._worker.chunks.send_nowait(wire.encode(eos))
+    async def end(self) -> None:
+        for link in self._worker.outlinks:
+            await link.end(self._request_id, self._request.sent)
 
     def __aiter__(self) -> _ChunkIO:
         return self
@@ -129,7 +127,7 @@ class _ChunkIO:
             await trio.lowlevel.checkpoint()
             raise StopAsyncIteration
         if request.broken is None:
-            notice = await request.inbox_receive.receive()
+            notice, link = await request.inbox_receive.receive()
             if isinstance(notice, wire.Lost):
                 request.broken = notice.reason
             elif notice.seq != request.expected:
@@ -139,48 +137,40 @@ class _ChunkIO:
                 raise StopAsyncIteration
             else:
                 request.expected += 1
-                if notice.data is not None:
-                    return notice.data  # it travelled in its frame
-                try:
-                    return _shm.read(notice.key, self._request_id, notice.size)
-                except FileNotFoundError:
-                    request.broken = (
-                        f"chunk {notice.key} is gone (the upstream stage lost its worker)"
-                    )
-                except _shm.ForeignChunkError as exc:
-                    request.broken = str(exc)
+                data = notice.data  # it travelled in its frame, or was taken at arrival
+                if link is not None:
+                    if data is None:
+                        try:
+                            data = link.read(notice)
+                        except (RingError, wire.ProtocolError) as exc:
+                            request.broken = f"chunk {notice.seq}: {exc}"
+                    link.ack(self._request_id, notice.offset)
+                if request.broken is None and data is not None:
+                    return data
+                request.broken = request.broken or f"chunk {notice.seq} arrived without its data"
         else:
             await trio.lowlevel.checkpoint()
         raise ChunkLostError(f"request {self._request_id!r}: {request.broken}")
 
 
 class _Worker:
-    def __init__(
-        self,
-        init: wire.Init,
-        engine: Engine,
-        control: wire.FrameWriter,
-        chunks: wire.FrameWriter | None,
-    ) -> None:
+    def __init__(self, init: wire.Init, engine: Engine, control: wire.FrameWriter) -> None:
         self.init = init
         self.engine = engine
         self.control = control
-        self.chunks = chunks
-        #: Names of the segments this worker creates start with it: its stage's and
-        #: its generation's, so that no other worker, before or after, uses them.
-        self.segment_prefix = f"{init.prefix}-{init.stage_id}-{init.generation}-"
+        #: One per downstream stage (async_chunk mode), once serving.
+        self.outlinks: list[OutLink] = []
+        self.inlinks: set[InLink] = set()
         self.requests: dict[str, _Request] = {}
         #: Recently released ids, oldest first: chunks that trail their request's
         #: release are dropped instead of starting a request that never ends.
         self.released: dict[str, None] = {}
-        self._numbers = 0
 
     def _request(self, request_id: str) -> _Request:
         known = self.requests.get(request_id)
         if known is not None:
             return known
-        self._numbers += 1  # chunks may arrive before the submit does
-        request = self.requests[request_id] = _Request(self._numbers)
+        request = self.requests[request_id] = _Request()  # chunks may come before the submit
         return request
 
     def handle(self, message: Any, nursery: trio.Nursery) -> bool:
@@ -189,6 +179,7 @@ class _Worker:
         if kind is wire.Submit:
             self.released.pop(message.request_id, None)  # the id's next life
             request = self._request(message.request_id)
+            request.running = True  # from now on its engine acknowledges its chunks
             nursery.start_soon(self._run, message.request_id, message.inputs, request)
         elif kind is wire.Abort:
             running = self.requests.get(message.request_id)
@@ -196,6 +187,10 @@ class _Worker:
                 running.scope.cancel()
         elif kind is wire.Release:
             self.release(message.request_id)
+        elif kind is wire.Route:
+            for link in self.outlinks:
+                if link.target == message.stage_id:
+                    link.route(message.address, message.gone)
         elif kind is wire.Ping:
             self.control.send_nowait(wire.encode(wire.Pong(message.seq)))
         elif kind is wire.Shutdown:
@@ -204,19 +199,71 @@ class _Worker:
             raise wire.ProtocolError(f"unexpected {kind.__name__} after Init")
         return True
 
-    def on_notices(self, notices: list[wire.Chunk | wire.Lost]) -> None:
-        """Chunk and Lost notices from the relay, to the requests they are for."""
-        for notice in notices:
-            request_id = notice.request_id
-            if request_id in self.released:
-                continue
-            request = self._request(request_id)
-            if isinstance(notice, wire.Lost):
-                if request.upstream_done:
-                    continue  # every notice arrived; a chunk that went is found at its read
-            elif notice.eos:
+    # -- chunks from upstream workers -----------------------------------------------------
+
+    def on_link_frame(self, link: InLink, frame: Any) -> None:
+        """A frame from an upstream worker, to the request it is for."""
+        kind = type(frame)
+        if kind is wire.Chunk or kind is wire.Lost:
+            self._on_notice(link, frame)
+        elif kind is wire.Waiting:
+            link.waiting()
+        elif kind is wire.Drop:
+            request = self.requests.get(frame.request_id)
+            if request is not None and not request.running and not request.finished:
+                self.release(frame.request_id)  # never submitted here: nobody else will
+        elif kind is wire.Ring:
+            try:
+                link.ring = RingReader.open(frame.name)
+            except FileNotFoundError:  # its sender died, and the ring was freed
+                link.ring_missing = f"ring {frame.name} is gone (its worker died)"
+        else:
+            raise wire.ProtocolError(f"unexpected {kind.__name__} on a chunk link")
+
+    def _on_notice(self, link: InLink, notice: wire.Chunk | wire.Lost) -> None:
+        request_id = notice.request_id
+        request = None if request_id in self.released else self._request(request_id)
+        if isinstance(notice, wire.Lost):
+            if request is not None and not request.finished and not request.upstream_done:
+                request.inbox_send.send_nowait((notice, None))  # else: every chunk arrived
+            return
+        if notice.eos:
+            if request is not None and not request.finished:
                 request.upstream_done = True
-            request.inbox_send.send_nowait(notice)
+                link.open.discard(request_id)
+                request.inbox_send.send_nowait((notice, link))
+            return
+        if request is None or request.finished:  # nobody will read it
+            link.ack(request_id, notice.offset)
+            return
+        link.open.add(request_id)
+        if request.running:
+            request.inbox_send.send_nowait((notice, link))  # acknowledged once read
+            return
+        # No engine reads it yet: take it now, so its sender is not held up by a
+        # request that may never run here (a text-only request's talker).
+        taken: wire.Chunk | wire.Lost = notice
+        if notice.offset >= 0:
+            try:
+                taken = wire.Chunk(request_id, notice.seq, notice.size, data=link.read(notice))
+            except (RingError, wire.ProtocolError) as exc:
+                taken = wire.Lost(request_id, f"chunk {notice.seq}: {exc}")
+        link.ack(request_id, notice.offset)
+        request.inbox_send.send_nowait((taken, None))
+
+    def link_closed(self, link: InLink) -> None:
+        """An upstream worker's connection ended: whatever it was streaming stopped
+        mid-stream (its stage fails those requests; their engines here learn it)."""
+        link.close()
+        self.inlinks.discard(link)
+        for request_id in sorted(link.open):
+            request = self.requests.get(request_id)
+            if request is not None and not request.upstream_done and not request.finished:
+                lost = wire.Lost(request_id, "its upstream worker went away mid-stream")
+                request.inbox_send.send_nowait((lost, None))
+        link.open.clear()
+
+    # -- requests ---------------------------------------------------------------------------
 
     def release(self, request_id: str) -> None:
         self.released[request_id] = None
@@ -225,8 +272,10 @@ class _Worker:
         request = self.requests.pop(request_id, None)
         if request is not None:
             request.scope.cancel()
-            for name in request.segments:
-                _shm.unlink(name)
+            request.finished = True
+            request.drain()
+        for link in self.outlinks:
+            link.release(request_id)
 
     def release_all(self) -> None:
         for request_id in list(self.requests):
@@ -235,41 +284,38 @@ class _Worker:
     async def _run(self, request_id: str, inputs: Any, request: _Request) -> None:
         io = _ChunkIO(self, request_id, request)
         control = self.control
-        with request.scope:
-            try:
-                stream = self.engine(EngineRequest(request_id, inputs, self.init.stage_id), io)
-                last = None  # the data of the completion: a bare one unless marked
-                async with aclosing(stream):  # type: ignore[type-var]
-                    async for data in stream:
-                        if isinstance(data, Last):
-                            last = data.data
-                            break  # the engine said so: closing it is its end
-                        control.send_nowait(wire.encode(wire.Output(request_id, data, False)))
-                io.end()
-                if self.init.completion_delay:  # a slow control path, for tests and demos
-                    await trio.sleep(self.init.completion_delay)
-                control.send_nowait(wire.encode(wire.Output(request_id, last, True)))
-            except Exception as exc:
-                control.send_nowait(wire.encode(wire.Failed(request_id, describe(exc))))
+        try:
+            with request.scope:
+                try:
+                    stream = self.engine(EngineRequest(request_id, inputs, self.init.stage_id), io)
+                    last = None  # the data of the completion: a bare one unless marked
+                    async with aclosing(stream):  # type: ignore[type-var]
+                        async for data in stream:
+                            if isinstance(data, Last):
+                                last = data.data
+                                break  # the engine said so: closing it is its end
+                            frame = wire.encode(wire.Output(request_id, data, False))
+                            await control.send(frame)  # held back while the connection is
+                    await io.end()
+                    if self.init.completion_delay:  # a slow control path, for tests and demos
+                        await trio.sleep(self.init.completion_delay)
+                    control.send_nowait(wire.encode(wire.Output(request_id, last, True)))
+                except Exception as exc:
+                    control.send_nowait(wire.encode(wire.Failed(request_id, describe(exc))))
+        finally:
+            request.running = False
+            request.finished = True
+            request.drain()
 
 
-async def _serve(
-    control_socket: socket.socket,
-    connector_socket: socket.socket | None,
-    *,
-    factory: EngineFactory | None = None,
-) -> None:
-    """Serve the orchestrator on these connections until ``Shutdown`` or until the
-    control connection closes. A worker process runs it as its whole life, an
-    in-process worker in a task; ``factory``, if given, is the engine factory
-    ``Init`` names (an in-process stage may be handed one without an import path)."""
+async def _serve(control_socket: socket.socket, *, factory: EngineFactory | None = None) -> None:
+    """Serve the orchestrator on this connection until ``Shutdown`` or until it
+    closes. A worker process runs it as its whole life, an in-process worker in a
+    task; ``factory``, if given, is the engine factory ``Init`` names (an in-process
+    stage may be handed one without an import path)."""
     control = trio.SocketStream(trio.socket.from_stdlib_socket(control_socket))
     reader = wire.FrameReader(control, wire.DECODE_TO_WORKER)
     writer = wire.FrameWriter(control)
-    chunks = connector = None
-    if connector_socket is not None:
-        connector = trio.SocketStream(trio.socket.from_stdlib_socket(connector_socket))
-        chunks = wire.FrameWriter(connector)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(wire.write_until_closed, writer)
         try:
@@ -290,11 +336,16 @@ async def _serve(
             writer.send_nowait(wire.encode(fatal))
             writer.close()
             return
-        worker = _Worker(init, engine, writer, chunks)
-        if chunks is not None and connector is not None:
-            nursery.start_soon(wire.write_until_closed, chunks)
-            nursery.start_soon(_read_notices, connector, worker)
-        writer.send_nowait(wire.encode(wire.Ready(os.getpid())))
+        worker = _Worker(init, engine, writer)
+        address = ""
+        if init.listen:
+            address = listen_address(init.prefix, init.stage_id, init.generation)
+            listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            await listener.bind(address)
+            listener.listen(64)
+            nursery.start_soon(_accept_links, listener, worker)
+        worker.outlinks = [OutLink(init, target, nursery) for target in init.targets]
+        writer.send_nowait(wire.encode(wire.Ready(os.getpid(), address)))
         try:
             messages = early  # whatever came in the same read as Init
             while True:
@@ -306,14 +357,49 @@ async def _serve(
             pass  # the orchestrator went away (a close with frames unread is a reset)
         finally:
             worker.release_all()
+            for link in worker.outlinks:
+                link.close()
             nursery.cancel_scope.cancel()
 
 
-async def _read_notices(connector: trio.SocketStream, worker: _Worker) -> None:
-    reader = wire.FrameReader(connector, wire.DECODE_FROM_RELAY)
-    with contextlib.suppress(*_ORCHESTRATOR_GONE):
+async def _accept_links(listener: trio.socket.SocketType, worker: _Worker) -> None:
+    with listener:
+        async with trio.open_nursery() as nursery:
+            while True:
+                sock, _ = await listener.accept()
+                nursery.start_soon(_read_link, trio.SocketStream(sock), worker)
+
+
+async def _read_link(stream: trio.SocketStream, worker: _Worker) -> None:
+    """Serve one upstream worker's connection: its frames to the requests, our
+    acknowledgements back."""
+    link = InLink(stream, worker.init.window)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wire.write_until_closed, link.writer)
+            await _read_link_frames(stream, link, worker)
+            nursery.cancel_scope.cancel()
+    finally:
+        worker.link_closed(link)
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
+
+
+async def _read_link_frames(stream: trio.SocketStream, link: InLink, worker: _Worker) -> None:
+    reader = wire.FrameReader(stream, wire.DECODE_TO_READER)
+    try:
+        hello, *frames = await reader.receive()
+        if type(hello) is not wire.Hello:
+            raise wire.ProtocolError(f"expected Hello first, got {type(hello).__name__}")  # noqa: TRY301
+        worker.inlinks.add(link)
         while True:
-            worker.on_notices(await reader.receive())
+            for frame in frames:
+                worker.on_link_frame(link, frame)
+            frames = await reader.receive()
+    except (EOFError, *wire.PEER_GONE):
+        return  # the sender went away
+    except wire.ProtocolError as exc:
+        print(f"omni_trio worker: a chunk link: {exc}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -330,12 +416,10 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     parser = argparse.ArgumentParser(prog="python -m omni_trio.process.worker")
     parser.add_argument("--control-fd", type=int, required=True)
-    parser.add_argument("--connector-fd", type=int)
     args = parser.parse_args(argv)
     control = socket.socket(fileno=args.control_fd)
-    connector = None if args.connector_fd is None else socket.socket(fileno=args.connector_fd)
     try:
-        trio.run(_serve, control, connector)
+        trio.run(_serve, control)
     except wire.ProtocolError as exc:
         print(f"omni_trio worker: {exc}", file=sys.stderr)
         sys.exit(2)

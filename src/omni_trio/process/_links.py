@@ -1,0 +1,355 @@
+"""Chunk links: the data plane between stage workers (async_chunk mode).
+
+A worker that reads chunks listens on an address of its own (sent back in
+``wire.Ready``); the orchestrator tells each worker of the stage upstream where it is
+(``wire.Route``), and that worker connects. So chunks go from the producing worker
+straight to the consuming one -- one connection per pair of workers, ``Chunk`` frames
+one way and ``Ack`` frames back -- and the orchestrator, which sets the links up,
+never sees a chunk.
+
+A chunk of at most ``inline_chunk_bytes`` travels inside its frame. A bigger one is
+written into the sender's shared-memory ring for that connection (``_ring``), created
+at the first such chunk; only its offset travels, and the reader copies it out.
+
+Flow control, per request and per downstream stage: a request may have ``window``
+chunks (and ``window_bytes`` bytes) sent and not yet acknowledged; its sender waits
+for more (:meth:`OutLink.send`), and says so (``Waiting``). A reader acknowledges a
+chunk when its engine has read it, or when no engine of it will (the request has not
+started there, or it has ended: then the chunk is taken at once), and gives back its
+ring slot at the same time; it sends acknowledgements in batches of half a window,
+at once for a ring slot, and at once when its sender waits. A full ring makes the sender wait too; so does a stage that has no worker to
+send to while it restarts. Nothing on this path grows with a flood: it costs the
+windows and the ring.
+
+A connection ends when either worker goes away. The reader then fails the requests
+whose chunks stopped mid-stream (``Lost``); the sender drops its ring and, on its
+connection to the stage's next worker, sends ``Lost`` first for every request whose
+chunks went to the dead one.
+"""
+
+from __future__ import annotations
+
+import collections
+import zlib
+import trio
+
+from . import _wire as wire
+from ._ring import RingError, RingReader, RingWriter
+
+__all__ = ["InLink", "OutLink", "listen_address", "ring_tag"]
+
+
+def listen_address(prefix: str, stage_id: int, generation: int) -> str:
+    """Where stage ``stage_id``'s worker ``generation`` listens for chunk links: a
+    Linux abstract socket name (no file to clean up), unique to the worker."""
+    return f"\0{prefix}-{stage_id}-{generation}"
+
+
+def ring_tag(request_id: str, seq: int) -> int:
+    """The tag of a request's ``seq``-th chunk in a ring: a slot is only ever read as
+    the chunk its frame names."""
+    return (zlib.crc32(request_id.encode()) << 32) | (seq & 0xFFFFFFFF)
+
+
+class _Unacked:
+    """One request's chunks on a link, sent and not yet acknowledged."""
+
+    __slots__ = ("bytes", "sizes", "wakeup")
+
+    def __init__(self) -> None:
+        self.sizes: collections.deque[int] = collections.deque()
+        self.bytes = 0
+        self.wakeup: trio.Event | None = None
+
+    def wake(self) -> None:
+        if self.wakeup is not None:
+            self.wakeup.set()
+            self.wakeup = None
+
+
+class _Connection:
+    __slots__ = ("ring", "scope", "stream", "writer")
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.writer = wire.FrameWriter(stream)
+        self.scope = trio.CancelScope()
+        self.ring: RingWriter | None = None
+
+
+class OutLink:
+    """A worker's chunks for one downstream stage, to that stage's current worker.
+
+    Attributes:
+      target: The downstream stage.
+      gone: That stage will have no worker again: its chunks are dropped.
+      chunks, inline, bytes: Chunks sent (ends of stream not counted), those that
+          travelled inline, and their bytes.
+      waits: How often a send waited (for a window, ring space or a worker).
+    """
+
+    def __init__(
+        self,
+        init: wire.Init,
+        target: int,
+        nursery: trio.Nursery,
+    ) -> None:
+        self.target = target
+        self.gone = False
+        self.chunks = self.inline = self.bytes = self.waits = 0
+        self._init = init
+        self._hello = wire.encode(wire.Hello(init.stage_id, init.generation))
+        self._ring_prefix = f"{init.prefix}-{init.stage_id}-{init.generation}-ring{target}-"
+        self._rings = 0
+        self._nursery = nursery
+        self._address = ""  # of the worker we send to; "" while there is none
+        self._connection: _Connection | None = None
+        self._connected = trio.Event()  # set while connected, and once gone
+        self._space = trio.Event()  # set when ring space is freed
+        self._unacked: dict[str, _Unacked] = {}
+        #: Requests with chunks sent to the current worker (or its predecessors) and
+        #: not released: a next worker is told they are lost.
+        self._written: set[str] = set()
+
+    # -- where to send: from the orchestrator ---------------------------------------------
+
+    def route(self, address: str, gone: bool) -> None:
+        """Send to the worker at ``address`` from now on ("": there is none right
+        now, wait for one; ``gone``: there will be none again)."""
+        if gone:
+            self.gone = True
+            self._disconnect()
+            self._connected.set()
+        elif address != self._address:
+            self._disconnect()
+            self._address = address
+            if address:
+                self._nursery.start_soon(self._connect, address)
+
+    async def _connect(self, address: str) -> None:
+        try:
+            stream = await trio.open_unix_socket(address)
+        except OSError:
+            return  # it is gone already: the orchestrator routes us to its successor
+        if address != self._address or self.gone:
+            await stream.aclose()  # routed elsewhere meanwhile
+            return
+        connection = _Connection(stream)
+        connection.writer.send_nowait(self._hello)
+        for request_id in sorted(self._written):
+            lost = wire.Lost(request_id, f"stage {self.target}'s worker died with its chunks")
+            connection.writer.send_nowait(wire.encode(lost))
+        self._connection = connection
+        self._connected.set()
+        await self._serve(connection)
+
+    async def _serve(self, connection: _Connection) -> None:
+        try:
+            with connection.scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(wire.write_until_closed, connection.writer)
+                    await self._read_acks(connection)
+                    nursery.cancel_scope.cancel()
+        finally:
+            if self._connection is connection:  # it went away: wait for the next one
+                self._address = ""
+                self._disconnect()
+            with trio.CancelScope(shield=True):
+                await connection.stream.aclose()
+
+    async def _read_acks(self, connection: _Connection) -> None:
+        reader = wire.FrameReader(connection.stream, wire.DECODE_TO_SENDER)
+        try:
+            while True:
+                for ack in await reader.receive():
+                    self._on_ack(connection, ack)
+        except (EOFError, wire.ProtocolError, *wire.PEER_GONE):
+            return
+
+    def _on_ack(self, connection: _Connection, ack: wire.Ack) -> None:
+        for request_id, count in ack.counts.items():
+            unacked = self._unacked.get(request_id)
+            if unacked is None:
+                continue  # released since
+            for _ in range(min(count, len(unacked.sizes))):
+                unacked.bytes -= unacked.sizes.popleft()
+            unacked.wake()
+        if ack.slots:
+            if connection.ring is None:
+                raise wire.ProtocolError("an Ack frees ring slots, and there is no ring")
+            for offset in ack.slots:
+                connection.ring.free(offset)
+            self._space.set()
+
+    def _disconnect(self) -> None:
+        """Leave the current worker, if any: its windows and its ring go with it."""
+        connection, self._connection = self._connection, None
+        if not self.gone and self._connected.is_set():
+            self._connected = trio.Event()
+        if connection is not None:
+            connection.scope.cancel()
+            connection.writer.close()
+            if connection.ring is not None:
+                connection.ring.close()
+        for unacked in self._unacked.values():
+            unacked.wake()
+        self._unacked.clear()
+        self._space.set()
+
+    # -- what the engine sends --------------------------------------------------------------
+
+    async def send(self, request_id: str, seq: int, chunk: memoryview) -> None:
+        """Send a request's ``seq``-th chunk, once its window, the ring and a worker
+        to send to allow it.
+
+        Raises:
+          ValueError: the chunk can never fit the ring.
+        """
+        size = chunk.nbytes
+        init = self._init
+        limit = init.inline_chunk_bytes
+        while not self.gone:
+            connection = self._connection
+            if connection is None:
+                await self._wait(self._connected)
+                continue
+            unacked = self._unacked.get(request_id)
+            if unacked is None:
+                unacked = self._unacked[request_id] = _Unacked()
+            if unacked.sizes and (
+                len(unacked.sizes) >= init.window or unacked.bytes + size > init.window_bytes
+            ):
+                unacked.wakeup = trio.Event()
+                connection.writer.send_nowait(wire.encode(wire.Waiting(request_id)))
+                await self._wait(unacked.wakeup)
+                continue
+            if limit and size <= limit:
+                frame = wire.Chunk(request_id, seq, size, data=bytes(chunk))
+                self.inline += 1
+            else:
+                ring = connection.ring or self._new_ring(connection)
+                if not ring.capacity_for(size):
+                    raise ValueError(
+                        f"a {size}-byte chunk does not fit the {ring.size}-byte ring "
+                        f"(raise [pipeline] ring_bytes, or send smaller chunks)"
+                    )
+                offset = ring.allocate(size)
+                if offset is None:
+                    self._space = trio.Event()
+                    await self._wait(self._space)
+                    continue
+                ring.write(offset, ring_tag(request_id, seq), chunk)
+                frame = wire.Chunk(request_id, seq, size, offset=offset)
+            unacked.sizes.append(size)
+            unacked.bytes += size
+            self._written.add(request_id)
+            self.chunks += 1
+            self.bytes += size
+            connection.writer.send_nowait(wire.encode(frame))
+            return
+
+    async def end(self, request_id: str, count: int) -> None:
+        """Say that the request's chunks end after ``count`` of them; return once
+        that is written to the reader's connection."""
+        while not self.gone:
+            connection = self._connection
+            if connection is None:
+                await self._wait(self._connected)
+                continue
+            self._written.add(request_id)
+            connection.writer.send_nowait(wire.encode(wire.Chunk(request_id, count, eos=True)))
+            # The stage's completion goes out after this: written, the end of the
+            # stream reaches the reader even if this worker dies right after.
+            await connection.writer.flushed()
+            return
+
+    async def _wait(self, event: trio.Event) -> None:
+        self.waits += 1
+        await event.wait()
+
+    def _new_ring(self, connection: _Connection) -> RingWriter:
+        self._rings += 1
+        name = f"{self._ring_prefix}{self._rings}"
+        ring = connection.ring = RingWriter.create(name, self._init.ring_bytes)
+        connection.writer.send_nowait(wire.encode(wire.Ring(name)))
+        return ring
+
+    def release(self, request_id: str) -> None:
+        """The request has ended: forget it; a reader that never ran it may too."""
+        unacked = self._unacked.pop(request_id, None)
+        if unacked is not None:
+            unacked.wake()
+        if request_id in self._written:
+            self._written.discard(request_id)
+            if self._connection is not None:
+                self._connection.writer.send_nowait(wire.encode(wire.Drop(request_id)))
+
+    def close(self) -> None:
+        self.gone = True
+        self._disconnect()
+        self._connected.set()
+
+
+class InLink:
+    """A reading worker's end of one connection from an upstream worker: the ring its
+    big chunks are in, and the acknowledgements owed to it.
+
+    Attributes:
+      open: Requests whose chunks came on it and whose end of stream has not: if it
+          ends, their chunks stopped mid-stream.
+      closed: The connection is over (nothing is acknowledged any more).
+    """
+
+    def __init__(self, stream: trio.abc.SendStream, window: int) -> None:
+        self.writer = wire.FrameWriter(stream)
+        self.ring: RingReader | None = None
+        #: Why the sender's ring cannot be read (it died, and its ring was freed).
+        self.ring_missing = ""
+        self.open: set[str] = set()
+        self.closed = False
+        self._threshold = max(1, window // 2)
+        self._counts: dict[str, int] = {}
+        self._slots: list[int] = []
+        self._eager = False  # the sender waits: acknowledge the next chunk at once
+
+    def read(self, notice: wire.Chunk) -> bytes:
+        """The bytes of a chunk in the ring (copied out; its slot stays until acked).
+
+        Raises:
+          RingError: the slot does not hold this chunk.
+        """
+        if self.ring is None:
+            raise RingError(self.ring_missing or "its sender named no ring")
+        tag = ring_tag(notice.request_id, notice.seq)
+        return self.ring.read(notice.offset, tag, notice.size)
+
+    def ack(self, request_id: str, offset: int) -> None:
+        """One chunk of the request is read or dropped (and its slot, if it has one,
+        is free)."""
+        if self.closed:
+            return
+        count = self._counts[request_id] = self._counts.get(request_id, 0) + 1
+        if offset >= 0:
+            self._slots.append(offset)
+            self.flush()  # ring space is scarce: give it back at once
+        elif count >= self._threshold or self._eager:
+            self.flush()
+
+    def waiting(self) -> None:
+        """The sender waits for acknowledgements: send what is owed now, or, if
+        nothing is, the next one as soon as it is."""
+        if self._counts or self._slots:
+            self.flush()
+        else:
+            self._eager = True
+
+    def flush(self) -> None:
+        """Send the acknowledgements owed."""
+        self._eager = False
+        if (self._counts or self._slots) and not self.closed:
+            self.writer.send_nowait(wire.encode(wire.Ack(self._counts, self._slots)))
+            self._counts, self._slots = {}, []
+
+    def close(self) -> None:
+        self.closed = True
+        self.writer.close()
