@@ -17,9 +17,9 @@ for more (:meth:`OutLink.send`), and says so (``Waiting``). A reader acknowledge
 chunk when its engine has read it, or when no engine of it will (the request has not
 started there, or it has ended: then the chunk is taken at once), and gives back its
 ring slot at the same time; it sends acknowledgements in batches of half a window,
-at once for a ring slot, and at once when its sender waits. A full ring makes the sender wait too; so does a stage that has no worker to
-send to while it restarts. Nothing on this path grows with a flood: it costs the
-windows and the ring.
+at once for a ring slot, and at once when its sender waits. A full ring makes the
+sender wait too; so does a stage that has no worker to send to while it restarts.
+Nothing on this path grows with a flood: it costs the windows and the ring.
 
 A connection ends when either worker goes away. The reader then fails the requests
 whose chunks stopped mid-stream (``Lost``); the sender drops its ring and, on its
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import zlib
+
 import trio
 
 from . import _wire as wire

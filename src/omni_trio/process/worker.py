@@ -18,7 +18,6 @@ foundations -- none of the orchestrator's modules.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import os
 import signal
