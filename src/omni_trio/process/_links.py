@@ -12,7 +12,8 @@ written into the sender's shared-memory ring for that connection (``_ring``), cr
 at the first such chunk; only its offset travels, and the reader copies it out.
 
 Flow control, per request and per downstream stage: a request may have ``window``
-chunks (and ``window_bytes`` bytes) sent and not yet acknowledged; its sender waits
+chunks (and ``window_bytes`` bytes of inline chunks, which the reader holds until
+they are read) sent and not yet acknowledged; its sender waits
 for more (:meth:`OutLink.send`), and says so (``Waiting``). A reader acknowledges a
 chunk when its engine has read it, or when no engine of it will (the request has not
 started there, or it has ended: then the chunk is taken at once), and gives back its
@@ -217,14 +218,16 @@ class OutLink:
             unacked = self._unacked.get(request_id)
             if unacked is None:
                 unacked = self._unacked[request_id] = _Unacked()
+            inline = bool(limit) and size <= limit
             if unacked.sizes and (
-                len(unacked.sizes) >= init.window or unacked.bytes + size > init.window_bytes
+                len(unacked.sizes) >= init.window
+                or (inline and unacked.bytes + size > init.window_bytes)
             ):
                 unacked.wakeup = trio.Event()
                 connection.writer.send_nowait(wire.encode(wire.Waiting(request_id)))
                 await self._wait(unacked.wakeup)
                 continue
-            if limit and size <= limit:
+            if inline:
                 frame = wire.Chunk(request_id, seq, size, data=bytes(chunk))
                 self.inline += 1
             else:
@@ -241,8 +244,9 @@ class OutLink:
                     continue
                 ring.write(offset, ring_tag(request_id, seq), chunk)
                 frame = wire.Chunk(request_id, seq, size, offset=offset)
-            unacked.sizes.append(size)
-            unacked.bytes += size
+            held = size if inline else 0  # a reader holds an inline chunk; the ring, a big one
+            unacked.sizes.append(held)
+            unacked.bytes += held
             self._written.add(request_id)
             self.chunks += 1
             self.bytes += size

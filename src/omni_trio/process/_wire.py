@@ -14,6 +14,7 @@ carried it is then closed: never a hang, never a half-understood message.
 
 from __future__ import annotations
 
+import os
 import struct
 from typing import Any
 
@@ -45,6 +46,7 @@ __all__ = [
     "Shutdown",
     "Submit",
     "Waiting",
+    "decode_frames",
     "encode",
     "write_until_closed",
 ]
@@ -313,46 +315,68 @@ class FrameReader:
 
 
 class FrameWriter:
-    """Frames into a byte stream from one task.
+    """Frames into a byte stream; its :meth:`run` task writes them.
 
-    ``send_nowait`` queues an encoded frame and never blocks; :meth:`send` waits first
-    while more than ``high_water`` bytes are queued, so a producer that could outrun
-    the connection (an engine's outputs) is held back by it. :meth:`run` writes
+    ``send_nowait`` never blocks: on a socket with nothing queued it writes the frame
+    at once, without waking the writing task (no task switch: the common case of a
+    connection that keeps up); otherwise it queues it, and :meth:`run` writes
     whatever is queued in one ``send_all`` per wake-up, so a burst of frames costs one
-    system call.
+    system call. :meth:`send` waits first while more than ``high_water`` bytes are
+    queued, so a producer that could outrun the connection (an engine's outputs) is
+    held back by it.
     """
 
     def __init__(self, stream: trio.abc.SendStream, *, high_water: int = 1 << 20) -> None:
         self._stream = stream
-        self._send, self._receive = trio.open_memory_channel[bytes](float("inf"))
+        # A non-blocking socket we may write to directly while run() is idle.
+        self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
         self._high_water = high_water
-        self._queued = 0  # bytes queued and not yet written
-        self._total = 0  # bytes queued ever
-        self._written = 0  # bytes written ever
+        self._pending = bytearray()  # queued, not yet handed to send_all
+        self._sending = 0  # bytes inside the send_all under way
+        self._total = 0  # bytes given to it, ever
+        self._written = 0  # bytes written, ever
+        self._closed = False
         self._done = False  # closed, or its run ended: nobody waits for room any more
+        self._wakeup = trio.lowlevel.ParkingLot()  # run() waits here for frames
         self._room = trio.Event()
 
     @property
     def queued(self) -> int:
         """Bytes queued and not yet written."""
-        return self._queued
+        return len(self._pending) + self._sending
 
     def send_nowait(self, frame: bytes) -> None:
-        self._send.send_nowait(frame)
-        self._queued += len(frame)
+        """Write ``frame``, or queue it for :meth:`run`.
+
+        Raises:
+          trio.ClosedResourceError: the writer was closed.
+        """
+        if self._closed:
+            raise trio.ClosedResourceError("the frame writer is closed")
         self._total += len(frame)
+        if not self._pending and not self._sending and self._fd >= 0:
+            try:
+                written = os.write(self._fd, frame)
+            except OSError:  # full (BlockingIOError), or broken: run()'s send_all says
+                written = 0
+            self._written += written
+            if written == len(frame):
+                return
+            frame = frame[written:]
+        self._pending += frame
+        self._wakeup.unpark()
 
     async def send(self, frame: bytes) -> None:
-        """Queue ``frame`` once at most ``high_water`` bytes wait to be written (a
+        """Write or queue ``frame`` once at most ``high_water`` bytes are queued (a
         checkpoint only when it waits)."""
-        while self._queued > self._high_water and not self._done:
+        while self.queued > self._high_water and not self._done:
             if self._room.is_set():
                 self._room = trio.Event()
             await self._room.wait()
         self.send_nowait(frame)
 
     async def flushed(self) -> None:
-        """Wait until every frame queued so far has been written (or the writer is
+        """Wait until every frame given so far has been written (or the writer is
         done: closed, or its connection gone)."""
         target = self._total
         while self._written < target and not self._done:
@@ -360,9 +384,16 @@ class FrameWriter:
                 self._room = trio.Event()
             await self._room.wait()
 
+    def take(self) -> bytes:
+        """Remove and return the bytes queued and not yet written (for a writer whose
+        :meth:`run` does not run: tests, diagnostics)."""
+        data, self._pending = bytes(self._pending), bytearray()
+        return data
+
     def close(self) -> None:
         """No more frames; :meth:`run` returns once the queued ones are written."""
-        self._send.close()
+        self._closed = True
+        self._wakeup.unpark()
         self._finish()
 
     def _finish(self) -> None:
@@ -370,25 +401,33 @@ class FrameWriter:
         self._room.set()
 
     async def run(self) -> None:
-        receive = self._receive
         try:
             while True:
+                while not self._pending:
+                    if self._closed:
+                        return
+                    await self._wakeup.park()
+                data, self._pending = self._pending, bytearray()
+                self._sending = len(data)
                 try:
-                    frames = [await receive.receive()]
-                except trio.EndOfChannel:
-                    return
-                while True:
-                    try:
-                        frames.append(receive.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                data = b"".join(frames)
-                await self._stream.send_all(data)
-                self._queued -= len(data)
+                    await self._stream.send_all(data)
+                finally:
+                    self._sending = 0
                 self._written += len(data)
                 self._room.set()
         finally:
             self._finish()
+
+
+def decode_frames(data: bytes, decoder: msgspec.msgpack.Decoder[Any]) -> list[Any]:
+    """Every whole frame in ``data``, decoded (what a :class:`FrameWriter` took)."""
+    frames = []
+    offset = 0
+    while offset < len(data):
+        (length,) = _HEADER.unpack_from(data, offset)
+        frames.append(decoder.decode(data[offset + _HEADER.size : offset + _HEADER.size + length]))
+        offset += _HEADER.size + length
+    return frames
 
 
 async def write_until_closed(writer: FrameWriter) -> None:

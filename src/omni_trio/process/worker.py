@@ -104,14 +104,16 @@ class _ChunkIO:
         worker, request = self._worker, self._request
         if not worker.init.chunks:
             raise RuntimeError("this stage has no connector: chunks need async_chunk mode")
-        # Checkpoint first: an engine resumed after its request was aborted and
-        # released must stop here, before it sends anything more.
-        await trio.lowlevel.checkpoint()
+        # A checkpoint in two halves: an engine resumed after its request was aborted
+        # and released stops here, before it sends anything more; and a chunk goes
+        # out before the engine yields to the others, not after.
+        await trio.lowlevel.checkpoint_if_cancelled()
         view = memoryview(chunk).cast("B")  # bytes, not items, for any buffer
         seq = request.sent
         request.sent += 1
         for link in worker.outlinks:
             await link.send(self._request_id, seq, view)
+        await trio.lowlevel.cancel_shielded_checkpoint()
 
     async def end(self) -> None:
         for link in self._worker.outlinks:
