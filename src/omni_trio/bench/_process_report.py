@@ -149,6 +149,10 @@ def _mib(count: float | None) -> str:
     return "?" if count is None else f"{count / MIB:,.1f} MiB"
 
 
+def _entries(left: dict[str, int]) -> str:
+    return f"{left['entries']} ({left['bytes']:,} B)"
+
+
 def _met(met: bool) -> str:
     return "[green]yes[/green]" if met else "[red]no[/red]"
 
@@ -167,6 +171,9 @@ def _rows(process: dict[str, Any]) -> list[tuple[str, ...]]:
     def compare(label: str, omni: float, floor: float, kind: str, key: str = "") -> None:
         show = _time if kind == "time" else _rate
         rows.append((label, show(omni), show(floor), f"{omni / floor:.2f}x", *judged(key)))
+
+    def alone(label: str, value: str, key: str = "") -> None:  # no floor
+        rows.append((label, value, "", "", *judged(key)))
 
     for size in SIZES:
         sides = results["chunks"]["sizes"][str(size)]
@@ -191,10 +198,10 @@ def _rows(process: dict[str, Any]) -> list[tuple[str, ...]]:
     compare("   flood, outputs/s", omni["rate"], socket["rate"], "rate")
     for level, run in sorted(results["demo"].items(), key=lambda item: int(item[0])):
         at = f"demo.{level}"
-        rows.append((f"demo, {level} requests:", "", "", "", "", ""))
-        rows.append(("   wall time", f"{run['wall']:.2f} s", "", "", "", ""))
-        rows.append(("   outputs/s", _rate(run["rate"]), "", "", "", ""))
-        rows.append(("   failed requests", str(run["failures"]), "", "", *judged(f"{at}.failures")))
+        alone(f"demo, {level} requests:", "")
+        alone("   wall time", f"{run['wall']:.2f} s")
+        alone("   outputs/s", _rate(run["rate"]))
+        alone("   failed requests", str(run["failures"]), f"{at}.failures")
         rss_goal = goals_by_key.get(f"{at}.worker_rss")
         for name, rss in run["peak_rss"].items():
             goal, met = "", ""
@@ -202,17 +209,10 @@ def _rows(process: dict[str, Any]) -> list[tuple[str, ...]]:
                 goal = rss_goal["shown"]
                 met = _met(rss is not None and rss <= rss_goal["limit"] * MIB)
             rows.append((f"   peak RSS, {name}", _mib(rss), "", "", goal, met))
-        rows.append(("   peak /dev/shm", _mib(run["peak_shm"]), "", "", "", ""))
-        left = run["shm_left_closed"]
-        rows.append(
-            (
-                "   /dev/shm left (closed)",
-                f"{left['entries']} ({left['bytes']:,} B)",
-                "",
-                "",
-                *judged(f"{at}.shm_left"),
-            )
-        )
+        alone("   peak /dev/shm", _mib(run["peak_shm"]))
+        # once every request had ended (the pipeline still open), and once it was closed
+        alone("   /dev/shm left (open)", _entries(run["shm_left_open"]))
+        alone("   /dev/shm left (closed)", _entries(run["shm_left_closed"]), f"{at}.shm_left")
     return rows
 
 
