@@ -178,6 +178,7 @@ async def _omni_chunks(orch: Any, size: int, phases: list[Phase]) -> list[dict[s
 
 
 async def chunks(counts: Counts) -> dict[str, Any]:
+    """(a): every chunk size between two process stages, and over the floors."""
     runs: dict[int, dict[str, list[dict[str, float]]]] = {size: {} for size in SIZES}
     config = parse_pipeline(CHUNKS_TOML, source="bench chunks")
     async with (
@@ -228,6 +229,8 @@ async def _omni_outputs(orch: Any, phases: list[Phase]) -> list[dict[str, Any]]:
 
 
 async def control(counts: Counts) -> dict[str, Any]:
+    """(b): a process stage's outputs reaching the orchestrator, and the floor's frames
+    reaching this process."""
     runs: dict[str, list[dict[str, float]]] = {"socket": [], "omni": []}
     phases = counts.phases(counts.outputs_flood)
     config = parse_pipeline(CONTROL_TOML, source="bench control")
@@ -320,6 +323,7 @@ class _DemoRun:
 
 
 async def demo(counts: Counts, concurrency: int) -> dict[str, Any]:
+    """(c): ``concurrency`` requests at once through the unpaced demo pipeline."""
     config = demo_config(counts.demo_tokens)
     run = _DemoRun()
     async with open_process_pipeline(config) as pipeline:
