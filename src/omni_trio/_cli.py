@@ -315,7 +315,7 @@ def _bench(args: argparse.Namespace) -> int:
         print_report(args.report)
         return 0
     argv = " ".join(["omni-trio", *sys.argv[1:]]) if args.argv is None else args.argv
-    report = run_bench(quick=args.quick, command=argv)
+    report = run_bench(quick=args.quick, command=argv, only=args.only)
     if report is None:
         return 1
     if args.json:
@@ -590,13 +590,23 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     compare.set_defaults(run=_compare, check=_check_compare)
     bench = commands.add_parser(
         "bench",
-        help="benchmark the Trio orchestrator against its asyncio twin (and uvloop)",
+        help="benchmark the Trio orchestrator against its asyncio twin (and uvloop), "
+        "and the process data plane against its floors",
         description="Run the benchmark scenarios once per implementation, each in its own "
         "process, and print the comparison. Stages are in-process and emit as fast as "
-        "possible, so the figures are the orchestrator's own cost.",
+        "possible, so the figures are the orchestrator's own cost. Then the process "
+        "scenarios: chunks and outputs between worker processes, and the demo pipeline "
+        "unpaced, each beside its floor (two bare processes and a socket pair) measured "
+        "in the same run, with the goals they are held to.",
     )
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bench.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
+    bench.add_argument(
+        "--only",
+        choices=["inprocess", "process"],
+        help="run only the in-process scenarios, or only the process scenarios "
+        "(worker processes against their floors)",
+    )
     bench.add_argument(
         "--from",
         dest="from_file",

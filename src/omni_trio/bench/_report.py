@@ -2,6 +2,8 @@
 
 Each implementation runs in a process of its own (``python -m omni_trio.bench --impl
 NAME``), Trio first: its scenario 1 sets scenario 5's offered load for everyone.
+Then the process scenarios run, each beside its floor (see
+:mod:`omni_trio.bench._process_report`); the report holds them under ``"process"``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+from ._process_report import header, print_process_report, run_process_bench
 
 __all__ = ["goals", "print_report", "run_bench"]
 
@@ -37,7 +41,24 @@ ROWS = [
 ]
 
 
-def run_bench(*, quick: bool, command: str) -> dict[str, Any] | None:
+def run_bench(*, quick: bool, command: str, only: str | None = None) -> dict[str, Any] | None:
+    """Run the in-process scenarios, then the process scenarios (``only``:
+    ``"inprocess"`` or ``"process"``, just those); the report, or ``None`` if a run
+    failed (its error output is printed)."""
+    if only == "process":
+        report: dict[str, Any] | None = header(command=command, quick=quick)
+    else:
+        report = _run_inprocess(quick=quick, command=command)
+    if report is None or only == "inprocess":
+        return report
+    process = run_process_bench(quick=quick, console=Console(stderr=True))
+    if process is None:
+        return None
+    report["process"] = process
+    return report
+
+
+def _run_inprocess(*, quick: bool, command: str) -> dict[str, Any] | None:
     """Run every implementation; the report, or ``None`` if one failed (its error
     output is printed)."""
     implementations = ["trio", "asyncio"]
@@ -108,6 +129,15 @@ def _format(value: float, kind: str) -> str:
 
 
 def print_report(report: dict[str, Any]) -> None:
+    """The comparison table, then the goals; then the process scenarios' (a report
+    may hold either part alone)."""
+    if "results" in report:
+        _print_inprocess(report)
+    if "process" in report:
+        print_process_report(report, Console())
+
+
+def _print_inprocess(report: dict[str, Any]) -> None:
     """The comparison table, then the goals."""
     results = report["results"]
     impls = list(results)

@@ -1,0 +1,91 @@
+"""The engines of the process scenarios, imported by the bench's worker processes.
+
+Each request's input says what to do (``{"size": 4096, "count": 1000, "interval":
+0.001}``), so one pipeline serves every phase and size. A chunk starts with its
+sender's ``time.monotonic_ns()`` (the system-wide clock, so the receiving process can
+subtract it), the rest is padding; the floors in :mod:`omni_trio.bench._floor` build
+their chunks with the same :func:`stamped`.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import trio
+
+from ..process import ChunkIO, Engine, EngineRequest, Last
+
+__all__ = ["STAMP", "chunk_reader", "chunk_sender", "output_source", "same_input", "stamped"]
+
+#: The sender's ``time.monotonic_ns()``, first in each chunk.
+STAMP = struct.Struct(">q")
+
+
+def stamped(padding: bytes) -> bytes:
+    """A chunk: the stamp of now, then ``padding``."""
+    return STAMP.pack(time.monotonic_ns()) + padding
+
+
+def same_input(prompt: Any) -> Any:
+    """``prewarm_func``: the reader gets the sender's instructions (the prompt)."""
+    return prompt
+
+
+def chunk_sender() -> Engine:
+    """Stage 0: sends ``count`` chunks of ``size`` bytes downstream, ``interval``
+    seconds apart (back to back with 0); its completion is the count."""
+
+    async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
+        task = request.inputs
+        padding = bytes(task["size"] - STAMP.size)
+        interval = task["interval"]
+        for _ in range(task["count"]):
+            await io.send(stamped(padding))
+            if interval:
+                await trio.sleep(interval)
+        yield Last(task["count"])
+
+    return engine
+
+
+def chunk_reader() -> Engine:
+    """Stage 1: reads every chunk, yielding one small output (its count so far) per
+    chunk; completes with the first chunk's stamp, the count, and -- when the input
+    says ``"hops": true`` -- each chunk's hop (ns from its stamp to its arrival)."""
+
+    async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
+        keep = bool(request.inputs and request.inputs.get("hops"))
+        hops: list[int] = []
+        first = None
+        count = 0
+        async for chunk in io:
+            arrived = time.monotonic_ns()
+            (stamp,) = STAMP.unpack_from(chunk)
+            if first is None:
+                first = stamp
+            if keep:
+                hops.append(arrived - stamp)
+            count += 1
+            yield count
+        yield Last({"first": first, "count": count, "hops": hops})
+
+    return engine
+
+
+def output_source() -> Engine:
+    """A lone stage: yields ``count`` outputs, each its own ``time.monotonic_ns()``,
+    ``interval`` seconds apart (back to back with 0); the last as its completion."""
+
+    async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
+        task = request.inputs
+        count, interval = task["count"], task["interval"]
+        for index in range(1, count + 1):
+            stamp = time.monotonic_ns()
+            yield Last(stamp) if index == count else stamp
+            if interval:
+                await trio.sleep(interval)
+
+    return engine
