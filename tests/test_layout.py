@@ -156,6 +156,8 @@ def test_a_worker_process_loads_only_what_it_needs():
         "omni_trio._util",
         "omni_trio.process",
         "omni_trio.process._engine",
+        "omni_trio.process._links",
+        "omni_trio.process._ring",
         "omni_trio.process._shm",
         "omni_trio.process._wire",
         "omni_trio.process.worker",

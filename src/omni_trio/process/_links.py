@@ -165,7 +165,7 @@ class OutLink:
             while True:
                 for ack in await reader.receive():
                     self._on_ack(connection, ack)
-        except (EOFError, wire.ProtocolError, *wire.PEER_GONE):
+        except wire.CONNECTION_OVER:
             return
 
     def _on_ack(self, connection: _Connection, ack: wire.Ack) -> None:

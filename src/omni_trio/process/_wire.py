@@ -22,6 +22,7 @@ import msgspec
 import trio
 
 __all__ = [
+    "CONNECTION_OVER",
     "MAX_FRAME",
     "PEER_GONE",
     "Abort",
@@ -70,6 +71,11 @@ PEER_GONE: tuple[type[Exception], ...] = (
 
 class ProtocolError(Exception):
     """A frame could not be decoded, or broke the protocol; the connection is over."""
+
+
+#: What reading a frame raises once a connection is over, one way or another: an end
+#: of stream, the peer gone, or a frame that broke the protocol.
+CONNECTION_OVER: tuple[type[Exception], ...] = (EOFError, ProtocolError, *PEER_GONE)
 
 
 class _Message(msgspec.Struct, tag=True, array_like=True):

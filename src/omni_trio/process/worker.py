@@ -40,8 +40,9 @@ __all__ = ["main"]
 #: How many released request ids a worker remembers (see ``_Worker.released``).
 _REMEMBER_RELEASED = 4096
 
-#: What reading from the orchestrator raises once it went away: an end of stream, or
-#: a reset (it closed with frames of ours unread). Either way: exit, quietly.
+#: What reading from the orchestrator (or an upstream worker) raises once it went
+#: away: an end of stream, or a reset (it closed with frames of ours unread). Either
+#: way: exit (or end the link), quietly.
 _ORCHESTRATOR_GONE: tuple[type[Exception], ...] = (EOFError, *wire.PEER_GONE)
 
 
@@ -397,10 +398,10 @@ async def _read_link_frames(stream: trio.SocketStream, link: InLink, worker: _Wo
             for frame in frames:
                 worker.on_link_frame(link, frame)
             frames = await reader.receive()
-    except (EOFError, *wire.PEER_GONE):
-        return  # the sender went away
     except wire.ProtocolError as exc:
         print(f"omni_trio worker: a chunk link: {exc}", file=sys.stderr)
+    except _ORCHESTRATOR_GONE:
+        return  # the sender went away
 
 
 def main(argv: list[str] | None = None) -> None:
