@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -345,6 +346,12 @@ class FrameWriter:
         self._done = False  # closed, or its run ended: nobody waits for room any more
         self._wakeup = trio.lowlevel.ParkingLot()  # run() waits here for frames
         self._room = trio.Event()
+        #: Called after each write, once bytes have left the queue.
+        self.on_written: Callable[[], None] | None = None
+
+    @property
+    def high_water(self) -> int:
+        return self._high_water
 
     @property
     def queued(self) -> int:
@@ -372,13 +379,18 @@ class FrameWriter:
         self._pending += frame
         self._wakeup.unpark()
 
-    async def send(self, frame: bytes) -> None:
-        """Write or queue ``frame`` once at most ``high_water`` bytes are queued (a
-        checkpoint only when it waits)."""
+    async def room(self) -> None:
+        """Wait until at most ``high_water`` bytes are queued (a checkpoint only when
+        it waits)."""
         while self.queued > self._high_water and not self._done:
             if self._room.is_set():
                 self._room = trio.Event()
             await self._room.wait()
+
+    async def send(self, frame: bytes) -> None:
+        """Write or queue ``frame`` once at most ``high_water`` bytes are queued (a
+        checkpoint only when it waits)."""
+        await self.room()
         self.send_nowait(frame)
 
     async def flushed(self) -> None:
@@ -421,6 +433,8 @@ class FrameWriter:
                     self._sending = 0
                 self._written += len(data)
                 self._room.set()
+                if self.on_written is not None:
+                    self.on_written()
         finally:
             self._finish()
 

@@ -46,6 +46,49 @@ _REMEMBER_RELEASED = 4096
 _ORCHESTRATOR_GONE: tuple[type[Exception], ...] = (EOFError, *wire.PEER_GONE)
 
 
+class _Gate:
+    """Holds engines back while the control connection is backlogged.
+
+    An engine makes an output between two waits; a backlog should stop it *before*
+    it does (a thousand engines each holding one finished output is a thousand
+    outputs of memory), so an engine passes this gate before it computes -- before
+    its generator is resumed, and when a chunk is handed to it -- and leaves when it
+    yields its output or waits for a chunk. Engines pass while the queued bytes plus
+    an output's worth for each engine past the gate fit under the connection's high
+    water; the others wait, first come first served.
+    """
+
+    __slots__ = ("_control", "_estimate", "_lot", "inside")
+
+    def __init__(self, control: wire.FrameWriter) -> None:
+        self._control = control
+        self._lot = trio.lowlevel.ParkingLot()
+        self._estimate = 0  # bytes: the largest recent output frame, decaying
+        self.inside = 0
+        control.on_written = self._admit
+
+    def _fits(self) -> bool:
+        return self._control.queued + self.inside * self._estimate <= self._control.high_water
+
+    async def enter(self) -> None:
+        if not self._lot and self._fits():
+            self.inside += 1
+            return
+        await self._lot.park()  # whoever unparks us counts us in
+
+    def leave(self, output_bytes: int = 0) -> None:
+        """Leave the gate, having made an output of ``output_bytes`` (0: none)."""
+        self.inside -= 1
+        if output_bytes:
+            self._estimate = max(output_bytes, self._estimate - (self._estimate >> 4))
+        self._admit()
+
+    def _admit(self) -> None:
+        while self._lot and self._fits():
+            self._lot.unpark()
+            self.inside += 1
+
+
 #: An upstream chunk (or a loss) for a request, and the link to acknowledge it on
 #: once read (``None``: taken when it came, acknowledged then).
 _Notice = tuple["wire.Chunk | wire.Lost", "InLink | None"]
@@ -61,6 +104,7 @@ class _Request:
         "finished",
         "inbox_receive",
         "inbox_send",
+        "inside",
         "running",
         "scope",
         "sent",
@@ -73,6 +117,7 @@ class _Request:
         self.inbox_send, self.inbox_receive = trio.open_memory_channel[_Notice](math.inf)
         self.running = False  # its engine was started, and has not ended
         self.finished = False  # its engine has ended: nothing will read its chunks
+        self.inside = False  # its engine is past the gate (computing)
         self.upstream_done = False  # its end of stream arrived: nothing more can be lost
         self.expected = 0  # the seq of the next upstream chunk
         self.eof = False  # the engine has read to the end
@@ -129,7 +174,20 @@ class _ChunkIO:
             await trio.lowlevel.checkpoint()
             raise StopAsyncIteration
         if request.broken is None:
-            notice, link = await request.inbox_receive.receive()
+            gate = self._worker.gate
+            inbox = request.inbox_receive
+            if request.inside and not inbox.statistics().current_buffer_used:
+                request.inside = False  # waiting for a chunk is not computing
+                gate.leave()
+            notice, link = await inbox.receive()
+            if not request.inside:
+                try:
+                    await gate.enter()
+                except BaseException:  # cancelled: nobody reads it, give it back
+                    if link is not None and isinstance(notice, wire.Chunk) and not notice.eos:
+                        link.ack(self._request_id, notice.offset)
+                    raise
+                request.inside = True
             if isinstance(notice, wire.Lost):
                 request.broken = notice.reason
             elif notice.seq != request.expected:
@@ -160,6 +218,7 @@ class _Worker:
         self.init = init
         self.engine = engine
         self.control = control
+        self.gate = _Gate(control)
         #: One per downstream stage (async_chunk mode), once serving.
         self.outlinks: list[OutLink] = []
         self.inlinks: set[InLink] = set()
@@ -292,12 +351,26 @@ class _Worker:
                     stream = self.engine(EngineRequest(request_id, inputs, self.init.stage_id), io)
                     last = None  # the data of the completion: a bare one unless marked
                     async with aclosing(stream):  # type: ignore[type-var]
-                        async for data in stream:
+                        while True:
+                            # The engine makes its next output once the connection
+                            # has room for it: a backlog holds engines back, not
+                            # their outputs (see _Gate).
+                            await self.gate.enter()
+                            request.inside = True
+                            try:
+                                data = await stream.__anext__()
+                            except StopAsyncIteration:
+                                break
                             if isinstance(data, Last):
                                 last = data.data
                                 break  # the engine said so: closing it is its end
                             frame = wire.encode(wire.Output(request_id, data, False))
-                            await control.send(frame)  # held back while the connection is
+                            del data
+                            control.send_nowait(frame)
+                            if request.inside:
+                                request.inside = False
+                                self.gate.leave(len(frame))
+                            del frame
                     await io.end()
                     if self.init.completion_delay:  # a slow control path, for tests and demos
                         await trio.sleep(self.init.completion_delay)
@@ -305,6 +378,9 @@ class _Worker:
                 except Exception as exc:
                     control.send_nowait(wire.encode(wire.Failed(request_id, describe(exc))))
         finally:
+            if request.inside:
+                request.inside = False
+                self.gate.leave()
             request.running = False
             request.finished = True
             request.drain()
