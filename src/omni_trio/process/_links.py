@@ -22,10 +22,13 @@ at once for a ring slot, and at once when its sender waits. A full ring makes th
 sender wait too; so does a stage that has no worker to send to while it restarts.
 Nothing on this path grows with a flood: it costs the windows and the ring.
 
-A connection ends when either worker goes away. The reader then fails the requests
-whose chunks stopped mid-stream (``Lost``); the sender drops its ring and, on its
-connection to the stage's next worker, sends ``Lost`` first for every request whose
-chunks went to the dead one.
+A connection ends when either worker goes away. A dead sender's requests that were
+still streaming fail at its stage (the orchestrator knows which); what it wrote
+before it died is still read -- it ends every stream with its end-of-stream frame
+written before it reports the completion -- except chunks in its ring if the reader
+had not mapped it yet (then reading them fails the request). A sender whose reader
+died drops its ring and, on its connection to the stage's next worker, sends
+``Lost`` first for every request whose chunks went to the dead one.
 """
 
 from __future__ import annotations
@@ -300,8 +303,6 @@ class InLink:
     big chunks are in, and the acknowledgements owed to it.
 
     Attributes:
-      open: Requests whose chunks came on it and whose end of stream has not: if it
-          ends, their chunks stopped mid-stream.
       closed: The connection is over (nothing is acknowledged any more).
     """
 
@@ -310,7 +311,6 @@ class InLink:
         self.ring: RingReader | None = None
         #: Why the sender's ring cannot be read (it died, and its ring was freed).
         self.ring_missing = ""
-        self.open: set[str] = set()
         self.closed = False
         self._threshold = max(1, window // 2)
         self._counts: dict[str, int] = {}

@@ -291,13 +291,11 @@ class _Worker:
         if notice.eos:
             if request is not None and not request.finished:
                 request.upstream_done = True
-                link.open.discard(request_id)
                 request.inbox_send.send_nowait((notice, link))
             return
         if request is None or request.finished:  # nobody will read it
             link.ack(request_id, notice.offset)
             return
-        link.open.add(request_id)
         if request.running:
             request.inbox_send.send_nowait((notice, link))  # acknowledged once read
             return
@@ -313,16 +311,12 @@ class _Worker:
         request.inbox_send.send_nowait((taken, None))
 
     def link_closed(self, link: InLink) -> None:
-        """An upstream worker's connection ended: whatever it was streaming stopped
-        mid-stream (its stage fails those requests; their engines here learn it)."""
+        """An upstream worker's connection ended. Nothing is failed here: a request
+        whose chunks stopped mid-stream was running at that worker, and its stage
+        fails it -- naming the worker that died, not this stage; everything that
+        worker wrote before it went is still read."""
         link.close()
         self.inlinks.discard(link)
-        for request_id in sorted(link.open):
-            request = self.requests.get(request_id)
-            if request is not None and not request.upstream_done and not request.finished:
-                lost = wire.Lost(request_id, "its upstream worker went away mid-stream")
-                request.inbox_send.send_nowait((lost, None))
-        link.open.clear()
 
     # -- requests ---------------------------------------------------------------------------
 
