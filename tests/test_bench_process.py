@@ -27,6 +27,9 @@ GOAL_KEYS = [
     *(f"demo.{level}.failures" for level in QUICK_DEMO_LEVELS),
     f"demo.{QUICK_DEMO_LEVELS[-1]}.worker_rss",
     f"demo.{QUICK_DEMO_LEVELS[-1]}.shm_left",
+    f"demo_rings.{QUICK_DEMO_LEVELS[-1]}.failures",
+    f"demo_rings.{QUICK_DEMO_LEVELS[-1]}.shm_peak",
+    f"demo_rings.{QUICK_DEMO_LEVELS[-1]}.shm_left",
 ]
 
 
@@ -62,6 +65,10 @@ def test_a_quick_run_reports_every_scenario_and_judges_every_goal(
     check_timed(results["control"]["socket"])
 
     assert set(results["demo"]) == {str(level) for level in QUICK_DEMO_LEVELS}
+    (rings,) = results["demo_rings"].values()
+    assert rings["inline_chunk_bytes"] == 0
+    assert 0 < rings["peak_shm"] <= rings["shm_bound"]  # it used the rings, within bounds
+    assert rings["shm_left_closed"] == {"entries": 0, "bytes": 0}
     for level, run in results["demo"].items():
         assert run["concurrency"] == int(level)
         assert run["failures"] == 0, run["first_failure"]
@@ -101,6 +108,7 @@ def results_with(
     rss: int = 30 * MIB,
     failures: int = 0,
     left: int = 0,
+    shm_peak: int = 8 * MIB,
 ) -> dict[str, Any]:
     """Results whose omni_trio figures are the floors' times these ratios."""
 
@@ -117,7 +125,13 @@ def results_with(
         "failures": failures,
         "shm_left_closed": {"entries": left, "bytes": 4096 * left},
     }
-    return {"chunks": {"sizes": sizes}, "demo": {"1000": demo}}
+    rings = {
+        "failures": 0,
+        "peak_shm": shm_peak,
+        "shm_bound": 8 * MIB,
+        "shm_left_closed": {"entries": 0, "bytes": 0},
+    }
+    return {"chunks": {"sizes": sizes}, "demo": {"1000": demo}, "demo_rings": {"1000": rings}}
 
 
 @pytest.mark.parametrize(
@@ -131,6 +145,7 @@ def results_with(
         ({"rss": 64 * MIB + 1}, {"demo.1000.worker_rss"}),
         ({"failures": 1}, {"demo.1000.failures"}),
         ({"left": 1}, {"demo.1000.shm_left"}),
+        ({"shm_peak": 8 * MIB + 1}, {"demo_rings.1000.shm_peak"}),
     ],
 )
 def test_goals_are_judged_at_their_limits(changes: dict[str, Any], unmet: set[str]) -> None:

@@ -250,14 +250,17 @@ async def control(counts: Counts) -> dict[str, Any]:
 # -- (c) the demo pipeline, pacing off ---------------------------------------------------------
 
 
-def demo_config(tokens: int) -> PipelineConfig:
+def demo_config(tokens: int, inline_chunk_bytes: int | None = None) -> PipelineConfig:
     """The demo's config with pacing off and ``tokens`` text tokens per answer, and no
-    limit on requests in flight."""
+    limit on requests in flight (and ``inline_chunk_bytes``, if given: 0 sends every
+    chunk through the rings)."""
     # The demo's pipeline.toml, as demo.runner.template() reads it, without loading
     # the runner (and rich) into the orchestrator's process, whose memory is measured.
     text = files("omni_trio.demo").joinpath("pipeline.toml").read_text()
     config = parse_pipeline(text, source="omni_trio/demo/pipeline.toml")
     config = config.with_pipeline(max_in_flight=None)
+    if inline_chunk_bytes is not None:
+        config = config.with_pipeline(inline_chunk_bytes=inline_chunk_bytes)
     thinker, talker, code2wav = config.stages
     thinker = msgspec.structs.replace(
         thinker, engine_args={"tokens_per_second": UNPACED, "max_tokens": tokens}
@@ -322,9 +325,12 @@ class _DemoRun:
             await trio.sleep(SHM_SAMPLE_PERIOD)
 
 
-async def demo(counts: Counts, concurrency: int) -> dict[str, Any]:
+async def demo(
+    counts: Counts, concurrency: int, inline_chunk_bytes: int | None = None
+) -> dict[str, Any]:
     """(c): ``concurrency`` requests at once through the unpaced demo pipeline."""
-    config = demo_config(counts.demo_tokens)
+    config = demo_config(counts.demo_tokens, inline_chunk_bytes)
+    links = len(config.stages) - 1  # one sending worker -> reading worker pair per edge
     run = _DemoRun()
     async with open_process_pipeline(config) as pipeline:
         prefix = pipeline.prefix
@@ -353,6 +359,8 @@ async def demo(counts: Counts, concurrency: int) -> dict[str, Any]:
         "first_failure": run.first_failure,
         "peak_rss": {"orchestrator": peak_rss("self"), **rss},
         "peak_shm": run.peak_shm,
+        "inline_chunk_bytes": config.pipeline.inline_chunk_bytes,
+        "shm_bound": config.pipeline.ring_bytes * links,
         "shm_left_open": {"entries": left_open[0], "bytes": left_open[1]},
         "shm_left_closed": {"entries": left_closed[0], "bytes": left_closed[1]},
     }
@@ -361,7 +369,13 @@ async def demo(counts: Counts, concurrency: int) -> dict[str, Any]:
 # -- running a family --------------------------------------------------------------------------
 
 
-async def run_family(family: str, *, quick: bool, concurrency: int | None = None) -> dict[str, Any]:
+async def run_family(
+    family: str,
+    *,
+    quick: bool,
+    concurrency: int | None = None,
+    inline_chunk_bytes: int | None = None,
+) -> dict[str, Any]:
     """One family's results (see the module's docstring)."""
     counts = Counts.quick() if quick else Counts.full()
     if family == "chunks":
@@ -371,7 +385,7 @@ async def run_family(family: str, *, quick: bool, concurrency: int | None = None
     if family == "demo":
         if concurrency is None:
             raise ValueError("the demo family needs a concurrency")
-        return await demo(counts, concurrency)
+        return await demo(counts, concurrency, inline_chunk_bytes)
     raise ValueError(f"no such family of process scenarios: {family!r}")
 
 
@@ -380,9 +394,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--family", choices=["chunks", "control", "demo"], required=True)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--concurrency", type=int, help="the demo's concurrent requests")
+    parser.add_argument(
+        "--inline-chunk-bytes", type=int, help="the demo's threshold (0: every chunk in a ring)"
+    )
     args = parser.parse_args(argv)
     found = trio.run(
-        lambda: run_family(args.family, quick=args.quick, concurrency=args.concurrency)
+        lambda: run_family(
+            args.family,
+            quick=args.quick,
+            concurrency=args.concurrency,
+            inline_chunk_bytes=args.inline_chunk_bytes,
+        )
     )
     print(json.dumps(found))
 

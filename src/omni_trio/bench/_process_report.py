@@ -58,7 +58,9 @@ def run_process_bench(*, quick: bool, console: Console) -> dict[str, Any] | None
     levels = QUICK_DEMO_LEVELS if quick else DEMO_LEVELS
     runs: list[tuple[str, list[str]]] = [("chunks", []), ("control", [])]
     runs += [("demo", ["--concurrency", str(level)]) for level in levels]
-    results: dict[str, Any] = {"demo": {}}
+    # and the largest again with every chunk through the rings: /dev/shm stays bounded
+    runs.append(("demo", ["--concurrency", str(levels[-1]), "--inline-chunk-bytes", "0"]))
+    results: dict[str, Any] = {"demo": {}, "demo_rings": {}}
     for family, extra in runs:
         argv = [sys.executable, "-m", "omni_trio.bench._process", "--family", family, *extra]
         if quick:
@@ -70,7 +72,8 @@ def run_process_bench(*, quick: bool, console: Console) -> dict[str, Any] | None
             return None
         found = json.loads(done.stdout)
         if family == "demo":
-            results["demo"][str(found["concurrency"])] = found
+            key = "demo_rings" if "--inline-chunk-bytes" in extra else "demo"
+            results[key][str(found["concurrency"])] = found
         else:
             results[family] = found
     return {"results": results, "goals": goals(results)}
@@ -131,6 +134,15 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
     left = results["demo"][top]["shm_left_closed"]
     name = f"demo, {top} requests: nothing left in /dev/shm after close (entries)"
     goal(f"demo.{top}.shm_left", name, left["entries"], 0, None, "0")
+    for level, run in results.get("demo_rings", {}).items():
+        at, what = f"demo_rings.{level}", f"rings, {level} requests"
+        name = f"{what}: every request completed (failed)"
+        goal(f"{at}.failures", name, run["failures"], 0, None, "0")
+        bound = run["shm_bound"] / MIB
+        name = f"{what}: peak /dev/shm <= the rings' {bound:g} MiB"
+        goal(f"{at}.shm_peak", name, run["peak_shm"] / MIB, bound, None, f"<= {bound:g} MiB")
+        name = f"{what}: nothing left in /dev/shm after close (entries)"
+        goal(f"{at}.shm_left", name, run["shm_left_closed"]["entries"], 0, None, "0")
     return found
 
 
@@ -212,6 +224,13 @@ def _rows(process: dict[str, Any]) -> list[tuple[str, ...]]:
         alone("   peak /dev/shm", _mib(run["peak_shm"]))
         # once every request had ended (the pipeline still open), and once it was closed
         alone("   /dev/shm left (open)", _entries(run["shm_left_open"]))
+        alone("   /dev/shm left (closed)", _entries(run["shm_left_closed"]), f"{at}.shm_left")
+    for level, run in sorted(results.get("demo_rings", {}).items(), key=lambda i: int(i[0])):
+        at = f"demo_rings.{level}"
+        alone(f"rings: demo, {level} requests, inline_chunk_bytes = 0:", "")
+        alone("   wall time", f"{run['wall']:.2f} s")
+        alone("   failed requests", str(run["failures"]), f"{at}.failures")
+        alone("   peak /dev/shm", _mib(run["peak_shm"]), f"{at}.shm_peak")
         alone("   /dev/shm left (closed)", _entries(run["shm_left_closed"]), f"{at}.shm_left")
     return rows
 
