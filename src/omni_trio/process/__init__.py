@@ -2,8 +2,8 @@
 
 :func:`open_process_stage` runs a stage's engine (see :data:`Engine`) in its own
 process and hands back a :class:`~omni_trio.Stage`; :func:`open_inprocess_stage` runs
-the same engine in a task of the current process; :func:`open_shm_connector` relays
-the chunks stages stream to each other in async_chunk mode;
+the same engine in a task of the current process; :func:`open_shm_connector` links
+the workers so that they stream chunks to each other in async_chunk mode;
 :func:`open_process_pipeline` starts a whole pipeline from a config.
 """
 

@@ -43,6 +43,9 @@ from ._ring import RingError, RingReader, RingWriter
 
 __all__ = ["InLink", "OutLink", "listen_address", "ring_tag"]
 
+#: Seconds a sender waits before it connects again to a reader whose link ended.
+RECONNECT_DELAY = 0.1
+
 
 def listen_address(prefix: str, stage_id: int, generation: int) -> str:
     """Where stage ``stage_id``'s worker ``generation`` listens for chunk links: a
@@ -132,23 +135,39 @@ class OutLink:
                 self._nursery.start_soon(self._connect, address)
 
     async def _connect(self, address: str) -> None:
-        try:
-            stream = await trio.open_unix_socket(address)
-        except OSError:
-            return  # it is gone already: the orchestrator routes us to its successor
-        if address != self._address or self.gone:
-            await stream.aclose()  # routed elsewhere meanwhile
-            return
-        connection = _Connection(stream)
-        connection.writer.send_nowait(self._hello)
-        for request_id in sorted(self._written):
-            lost = wire.Lost(request_id, f"stage {self.target}'s worker died with its chunks")
-            connection.writer.send_nowait(wire.encode(lost))
-        self._connection = connection
-        self._connected.set()
-        await self._serve(connection)
+        while True:
+            try:
+                stream = await trio.open_unix_socket(address)
+            except OSError:
+                if self._address == address:
+                    self._address = ""  # gone: the orchestrator routes us to its successor
+                return
+            if address != self._address or self.gone:
+                await stream.aclose()  # routed elsewhere meanwhile
+                return
+            connection = _Connection(stream)
+            connection.writer.send_nowait(self._hello)
+            for request_id in sorted(self._written):
+                lost = wire.Lost(request_id, f"stage {self.target}'s worker died with its chunks")
+                connection.writer.send_nowait(wire.encode(lost))
+            self._connection = connection
+            self._connected.set()
+            if not await self._serve(connection):
+                return
+            # It ended by itself: the reader died (the orchestrator routes us to its
+            # successor, or the next connect finds nobody), or the link broke with
+            # both of us alive (a bad frame): then a new link takes over.
+            await trio.sleep(RECONNECT_DELAY)
+            if not self._reconnecting_to(address):
+                return
 
-    async def _serve(self, connection: _Connection) -> None:
+    def _reconnecting_to(self, address: str) -> bool:
+        """Whether to connect to ``address`` again after its link ended."""
+        return self._connection is None and self._address == address and not self.gone
+
+    async def _serve(self, connection: _Connection) -> bool:
+        """Serve ``connection`` until it ends; ``True`` if it ended by itself (not
+        left for another, or cancelled)."""
         try:
             with connection.scope:
                 async with trio.open_nursery() as nursery:
@@ -156,11 +175,12 @@ class OutLink:
                     await self._read_acks(connection)
                     nursery.cancel_scope.cancel()
         finally:
-            if self._connection is connection:  # it went away: wait for the next one
-                self._address = ""
+            ended = self._connection is connection
+            if ended:
                 self._disconnect()
             with trio.CancelScope(shield=True):
                 await connection.stream.aclose()
+        return ended
 
     async def _read_acks(self, connection: _Connection) -> None:
         reader = wire.FrameReader(connection.stream, wire.DECODE_TO_SENDER)

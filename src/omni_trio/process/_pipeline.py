@@ -38,7 +38,7 @@ class ProcessPipeline:
       stages: One :class:`ProcessStage` per configured stage (in a worker process,
           or in-process, as its ``runtime.backend`` says).
       prefix: The shared-memory name prefix of every segment of this pipeline.
-      connector: The chunk relay (async_chunk mode with the shm connector), or ``None``.
+      connector: The shm connector that links the workers (async_chunk mode), or ``None``.
     """
 
     config: PipelineConfig
@@ -59,7 +59,7 @@ class ProcessPipeline:
 
 @asynccontextmanager
 async def open_process_pipeline(config: PipelineConfig) -> AsyncIterator[ProcessPipeline]:
-    """Start a worker per stage of ``config`` (and the connector relay): a worker
+    """Start a worker per stage of ``config`` (and the connector that links them): a worker
     process (:func:`open_process_stage`), or a task of this process for a stage whose
     ``[stages.runtime] backend`` is ``"inprocess"`` (:func:`open_inprocess_stage`).
 

@@ -1,4 +1,5 @@
-"""The wire between the orchestrator's process and a stage worker: framed msgpack.
+"""The wire between the orchestrator's process and a stage worker, and between two
+workers on a chunk link: framed msgpack.
 
 Its message types are this boundary's own vocabulary; code on either side refers to
 them through the module (``wire.Submit``, ``wire.Abort``), never as bare names, so a
@@ -95,10 +96,10 @@ class Init(_Message):
     ``chunks`` says the worker streams chunks (async_chunk mode with a connector):
     to the stages ``targets``, once told where their workers are (``Route``), and,
     with ``listen``, from upstream workers that connect to it (its address goes back
-    in ``Ready``). A chunk of at most ``inline_chunk_bytes`` bytes
-    travels inside its ``Chunk`` frame (0: none does), a bigger one through a ring of
-    ``ring_bytes`` per downstream connection. A request may have ``window`` chunks,
-    and ``window_bytes`` bytes, sent and not yet read per downstream stage; its
+    in ``Ready``). A chunk of at most ``inline_chunk_bytes`` bytes travels inside its
+    ``Chunk`` frame (0: none does), a bigger one through a ring of ``ring_bytes`` per
+    downstream connection. A request may have ``window`` chunks, and ``window_bytes``
+    bytes of inline chunks, sent and not yet acknowledged per downstream stage; its
     sender waits for more.
     """
 
