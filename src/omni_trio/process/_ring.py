@@ -42,7 +42,7 @@ class RingWriter:
         if tail is None:
             if need > self.size:
                 return None
-        elif start >= tail:
+        elif start > tail:  # head == tail with slots live: wrapped, and full
             if start + need > self.size:
                 if need <= tail:
                     start = 0
