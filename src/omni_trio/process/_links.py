@@ -236,7 +236,8 @@ class OutLink:
                     )
                 offset = ring.allocate(size)
                 if offset is None:
-                    self._space = trio.Event()
+                    if self._space.is_set():  # one event for every request waiting
+                        self._space = trio.Event()
                     await self._wait(self._space)
                     continue
                 ring.write(offset, ring_tag(request_id, seq), chunk)
