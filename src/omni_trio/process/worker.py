@@ -206,7 +206,7 @@ class _Worker:
         if kind is wire.Chunk or kind is wire.Lost:
             self._on_notice(link, frame)
         elif kind is wire.Waiting:
-            link.waiting()
+            link.waiting(frame.request_id)
         elif kind is wire.Drop:
             request = self.requests.get(frame.request_id)
             if request is not None and not request.running and not request.finished:
