@@ -131,6 +131,8 @@ class _ChunkIO:
                 request.broken = notice.reason
             elif notice.seq != request.expected:
                 request.broken = f"chunk {request.expected} of its upstream stage never arrived"
+                if link is not None and not notice.eos:  # its window and its slot back
+                    link.ack(self._request_id, notice.offset)
             elif notice.eos:
                 request.eof = True
                 raise StopAsyncIteration
