@@ -151,15 +151,19 @@ def test_a_worker_process_loads_only_what_it_needs():
         "print(json.dumps(sorted(ours)))"
     )
     loaded = json.loads(subprocess.check_output([sys.executable, "-c", probe], text=True))
-    assert loaded == [
+    # The engine API, the wire, the chunk links and their rings (which may name their
+    # segments through _shm): none of the orchestrator's modules.
+    needed = {
         "omni_trio",
         "omni_trio._util",
         "omni_trio.process",
         "omni_trio.process._engine",
-        "omni_trio.process._shm",
+        "omni_trio.process._links",
+        "omni_trio.process._ring",
         "omni_trio.process._wire",
         "omni_trio.process.worker",
-    ]
+    }
+    assert needed <= set(loaded) <= needed | {"omni_trio.process._shm"}
 
 
 @pytest.mark.parametrize(
