@@ -130,8 +130,15 @@ async def test_a_slow_talker_completion_holds_the_terminal():
             assert sorted(name.split("-")[1] for name in rings) == ["0", "1"]
             outs = [out async for out in stream]
         assert trio.current_time() - start >= 0.5
-        assert [o.data for o in outs if o.stage_id == 2] == ["X:0:0", "X:0:1", "X:0:2", None]
-        assert outs[-1].stage_id == 2
+        assert [o.data for o in outs if o.data is not None and o.stage_id == 2] == [
+            "X:0:0",
+            "X:0:1",
+            "X:0:2",
+        ]
+        # The terminal comes with the last final stage's completion: code2wav's, or
+        # the thinker's, whose report may be read after code2wav's (their chunks,
+        # on links of their own, race its control connection).
+        assert outs[-1].stage_id in (0, 2)
         assert outs[-1].finish_reason == "completed"
 
 
