@@ -1,8 +1,13 @@
 from __future__ import annotations
 
 import os
+import re
+from multiprocessing import resource_tracker
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+from omni_trio.process import _shm
 
 # "ci" runs more examples; "dev" (the default) keeps the suite quick on a laptop.
 settings.register_profile(
@@ -12,3 +17,33 @@ settings.register_profile(
     "ci", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+#: The shared-memory names this test process's pipelines make (``_shm.new_prefix``:
+#: ``ot<our pid in hex><6 hex digits>``, then ``-...``); other processes' runs, on a
+#: shared machine, make others.
+_OURS = re.compile(rf"ot{os.getpid():x}[0-9a-f]{{6}}(-|$)")
+
+
+def _our_segments() -> set[str]:
+    return {name for name in _shm.listing("ot") if _OURS.match(name)}
+
+
+def _tracker_started() -> bool:
+    return resource_tracker._resource_tracker._fd is not None  # type: ignore[attr-defined]
+
+
+@pytest.fixture(autouse=True)
+def _no_shared_memory_left_behind():
+    """Every test: no shared-memory segment of ours that appeared during it is left
+    after it (whatever made it: a ring, a test's own), and no resource tracker was
+    started in this process (one that tracks a segment warns about it, or unlinks it,
+    when it exits). What is left is swept, so one leak fails one test. (Worker
+    processes: ``processes.running`` checks that none started a tracker.)"""
+    before = _our_segments()
+    tracker_before = _tracker_started()
+    yield
+    left = sorted(_our_segments() - before)
+    for name in left:
+        _shm.unlink(name)
+    assert left == [], f"shared memory left behind: {left}"
+    assert tracker_before or not _tracker_started(), "a resource tracker was started"

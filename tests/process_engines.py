@@ -186,25 +186,44 @@ def sized_chunk(request_id: str, seq: int, size: int) -> bytes:
     return (f"{request_id}:{seq};".encode() * (size // 4 + 1))[:size]
 
 
-def sizes(sizes: list[int]):
-    """Streams one chunk of each size (see :func:`sized_chunk`); yields the sizes."""
+def sends(sizes: list[int], repeat: int = 1, start: float = 0.0, delay: float = 0.0):
+    """Streams ``repeat`` rounds of one chunk of each of ``sizes`` (see
+    :func:`sized_chunk`), starting after ``start`` seconds (time for the reading
+    stage's submit to arrive first), ``delay`` seconds before each; yields, as each
+    chunk is sent, how many have been: its progress, as the orchestrator sees it."""
 
     async def engine(request, io):
-        for seq, size in enumerate(sizes):
-            await io.send(sized_chunk(request.request_id, seq, size))
-            yield size
+        await trio.sleep(start)
+        seq = 0
+        for _ in range(repeat):
+            for size in sizes:
+                if delay:
+                    await trio.sleep(delay)
+                await io.send(sized_chunk(request.request_id, seq, size))
+                seq += 1
+                yield seq
 
     return engine
 
 
-def checks_sizes(sizes: list[int]):
-    """Reads the chunks of :func:`sizes`; yields, per chunk, whether it came whole,
-    in its place."""
+def reads(gate: str = "", delay: float = 0.0):
+    """Reads its upstream chunks (``delay`` seconds after each); yields, per chunk,
+    its size if it is the one :func:`sends` sent in its place, whole, else what is
+    wrong with it. A request whose id starts with ``held`` reads nothing until the
+    file ``gate`` exists."""
 
     async def engine(request, io):
+        if request.request_id.startswith("held"):
+            while not await trio.Path(gate).exists():  # noqa: ASYNC110 - the test is another process
+                await trio.sleep(0.01)
         seq = 0
         async for chunk in io:
-            yield chunk == sized_chunk(request.request_id, seq, sizes[seq])
+            if delay:
+                await trio.sleep(delay)
+            if chunk == sized_chunk(request.request_id, seq, len(chunk)):
+                yield len(chunk)
+            else:
+                yield f"chunk {seq} is not the one sent ({len(chunk)} bytes)"
             seq += 1
 
     return engine

@@ -22,9 +22,10 @@ final_output = {final}
 """
 
 
-def pipeline_config(*stages, async_chunk=True, inline_chunk_bytes=None):
+def pipeline_config(*stages, async_chunk=True, inline_chunk_bytes=None, ring_bytes=None):
     """stages: (engine, args, final, extra) per stage. ``inline_chunk_bytes=0`` puts
-    every chunk in a shared-memory segment: for tests of the segments' lives."""
+    every chunk in its sender's shared-memory ring, of ``ring_bytes``: for tests of
+    the rings."""
     text = f"""
 [pipeline]
 async_chunk = {str(async_chunk).lower()}
@@ -32,6 +33,8 @@ connector = "{"shm" if async_chunk else "none"}"
 """
     if inline_chunk_bytes is not None:
         text += f"inline_chunk_bytes = {inline_chunk_bytes}\n"
+    if ring_bytes is not None:
+        text += f"ring_bytes = {ring_bytes}\n"
     for sid, (engine, args, final, extra) in enumerate(stages):
         text += STAGE.format(
             sid=sid, engine=engine, args=args, final=str(final).lower(), extra=extra
@@ -51,6 +54,12 @@ def live_processes():
             continue
         if fields[0] != "Z":
             yield int(entry.name), int(fields[1]), int(fields[2]), cmdline
+
+
+def children_of(pids):
+    """``(pid, cmdline)`` of the live children of ``pids``."""
+    pids = set(pids)
+    return [(pid, cmdline) for pid, ppid, _, cmdline in live_processes() if ppid in pids]
 
 
 def worker_processes():
@@ -83,5 +92,9 @@ async def running(config, **orchestrator_kwargs):
         ) as orch,
     ):
         yield pipeline, orch
+        # A resource tracker warns about (or unlinks) what it tracks when it exits:
+        # the data plane keeps out of it.
+        trackers = [c for c in children_of(worker_processes()) if b"resource_tracker" in c[1]]
+        assert trackers == [], "a worker started a resource tracker"
     assert _shm.listing(pipeline.prefix) == [], "shared memory left behind"
     assert worker_processes() == [], "a worker process outlived the block"

@@ -1,121 +1,157 @@
-"""The connector's relay, in-process over real socket pairs: routes, restarts of a
-reading stage, and what it says was lost."""
+"""The connector, the data plane's coordinator: which workers it tells where their
+readers are (``route``), when a reading stage's worker comes, goes, and is gone for
+good; and what it counts. Fake worker connections record the routes they are sent;
+one test runs real (in-process) workers."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import trio
-import trio.testing
 
-from omni_trio.process import _wire as wire
-from omni_trio.process import open_shm_connector
+from omni_trio.process import WorkerOptions, _shm, open_inprocess_stage, open_shm_connector
+from omni_trio.process._options import MIN_RING_BYTES
+from processes import eventually
 
 
 class FakeWorker:
-    """The worker's end of a connector connection."""
+    """A ``WorkerConnection`` as the connector uses it: its address, its routes."""
 
-    def __init__(self) -> None:
-        self.relay_end, mine = socket.socketpair()
-        self.stream = trio.SocketStream(trio.socket.from_stdlib_socket(mine))
-        self.reader = wire.FrameReader(self.stream, wire.DECODE_FROM_RELAY)
+    def __init__(self, address: str = "") -> None:
+        self.address = address
+        self.routes: list[tuple[int, str, bool]] = []
 
-    async def send(self, *notices: wire.Chunk) -> None:
-        await self.stream.send_all(b"".join(wire.encode(n) for n in notices))
+    def route(self, stage_id: int, address: str, *, gone: bool = False) -> None:
+        self.routes.append((stage_id, address, gone))
 
-    async def receive(self) -> list[object]:
-        with trio.fail_after(5):
-            return await self.reader.receive()
-
-
-@pytest.fixture
-async def workers():
-    """Makes FakeWorkers; closes their ends of the connections afterwards."""
-    made: list[FakeWorker] = []
-
-    def make() -> FakeWorker:
-        made.append(FakeWorker())
-        return made[-1]
-
-    yield make
-    for worker in made:
-        await worker.stream.aclose()
-        if worker.relay_end.fileno() != -1:  # never attached: the relay did not take it
-            worker.relay_end.close()
+    def taken(self) -> list[tuple[int, str, bool]]:
+        """The routes sent since the last call."""
+        routes, self.routes = self.routes, []
+        return routes
 
 
-def attached(connector, workers) -> tuple[FakeWorker, FakeWorker]:
-    """Stage 0's worker and stage 1's, both attached to the relay."""
-    upstream, reader = workers(), workers()
-    connector.attach(0, upstream.relay_end)
-    connector.attach(1, reader.relay_end)
-    return upstream, reader
-
-
-def chunk(request_id: str, seq: int) -> wire.Chunk:
-    return wire.Chunk(request_id, f"seg-{request_id}-{seq}", 10, seq)
-
-
-async def test_notices_wait_for_a_restarting_reader_and_its_losses_are_named(workers):
-    async with open_shm_connector({0: [1]}) as connector:
-        upstream, reader = attached(connector, workers)
-        await upstream.send(chunk("a", 0))
-        assert await reader.receive() == [chunk("a", 0)]
-        connector.released(1, "gone-already")
-
-        # The reader's worker dies: "a" had been handed to it, so "a" is lost.
-        assert connector.detach(1) == {"a"}
-        await upstream.send(chunk("a", 1), chunk("b", 0))
-        await trio.testing.wait_all_tasks_blocked()
-        assert connector.statistics().notices_waiting == 2  # nothing dropped meanwhile
-
-        replacement = workers()
-        connector.attach(1, replacement.relay_end)
-        assert await replacement.receive() == [chunk("a", 1), chunk("b", 0)]
-        connector.released(1, "a")
-        assert connector.detach(1) == {"b"}  # "a" was released: nothing of it is lost
-
+async def test_senders_learn_where_their_readers_are_whichever_starts_first():
+    async with open_shm_connector({0: [1], 1: [2]}) as connector:
+        thinker, talker, code2wav = FakeWorker(), FakeWorker("\0t"), FakeWorker("\0c")
+        connector.attach(0, thinker)
+        assert thinker.taken() == [(1, "", False)]  # no reader yet: wait for one
+        connector.attach(1, talker)
+        assert thinker.taken() == [(1, "\0t", False)]
+        assert talker.taken() == [(2, "", False)]
+        connector.attach(2, code2wav)
+        assert talker.taken() == [(2, "\0c", False)]
+        assert (thinker.taken(), code2wav.taken()) == ([], [])  # stage 2 sends nothing
         stats = connector.statistics()
-        assert (stats.chunks_relayed, stats.bytes_relayed, stats.notices_waiting) == (3, 30, 0)
+        assert (stats.workers_attached, stats.routes_sent) == (3, 4)
 
 
-async def test_readers_hear_of_requests_that_died_with_their_upstream_worker(workers):
+async def test_a_readers_restart_makes_its_senders_wait_then_follow_it():
     async with open_shm_connector({0: [1]}) as connector:
-        reader = workers()
-        connector.attach(1, reader.relay_end)
-        connector.lost(0, ["a", "b"], "stage 0 lost its worker")
-        assert await reader.receive() == [
-            wire.Lost("a", "stage 0 lost its worker"),
-            wire.Lost("b", "stage 0 lost its worker"),
-        ]
-        assert connector.statistics().lost_notices == 2
+        thinker = FakeWorker()
+        connector.attach(1, FakeWorker("\0first"))
+        connector.attach(0, thinker)
+        assert thinker.taken() == [(1, "\0first", False)]
+        connector.detach(1)  # it died: wait for the next one
+        assert thinker.taken() == [(1, "", False)]
+        connector.detach(1)  # already gone: nothing to say
+        assert thinker.taken() == []
+        connector.attach(1, FakeWorker("\0second"))
+        assert thinker.taken() == [(1, "\0second", False)]
+        assert connector.statistics().workers_attached == 2
 
 
-async def test_a_reader_gone_for_good_gets_nothing_more(workers):
+async def test_a_senders_restart_learns_where_its_readers_are():
     async with open_shm_connector({0: [1]}) as connector:
-        upstream = workers()
-        connector.attach(0, upstream.relay_end)
+        connector.attach(1, FakeWorker("\0reader"))
+        connector.attach(0, FakeWorker())
+        connector.detach(0)  # no reader is told anything: a sender's loss is theirs
+        replacement = FakeWorker()
+        connector.attach(0, replacement)
+        assert replacement.taken() == [(1, "\0reader", False)]
+
+
+async def test_a_reader_gone_for_good_has_its_chunks_dropped():
+    async with open_shm_connector({0: [1]}) as connector:
+        thinker = FakeWorker()
+        connector.attach(1, FakeWorker("\0reader"))
+        connector.attach(0, thinker)
+        thinker.taken()
         connector.close(1)
-        await upstream.send(chunk("a", 0))
-        await trio.testing.wait_all_tasks_blocked()
-        stats = connector.statistics()
-        assert (stats.chunks_relayed, stats.notices_waiting) == (0, 0)
+        assert thinker.taken() == [(1, "", True)]
+        replacement = FakeWorker()  # a sender that restarts later hears it too
+        connector.detach(0)
+        connector.attach(0, replacement)
+        assert replacement.taken() == [(1, "", True)]
+        assert connector.statistics().workers_attached == 1
 
 
-async def test_a_request_that_ended_leaves_nothing_held_for_it(workers):
-    """Released at its source, a request is over for its readers too -- even one it was
-    never submitted to (a text-only request's talker gets chunks, but no release)."""
+async def test_every_edge_is_routed_fan_out_and_fan_in():
+    async with open_shm_connector({0: [1, 2], 1: [2]}) as connector:
+        assert connector.targets(0) == (1, 2)
+        assert connector.targets(2) == ()
+        assert [connector.reads(stage) for stage in range(3)] == [False, True, True]
+        thinker, talker = FakeWorker(), FakeWorker("\0t")
+        connector.attach(0, thinker)
+        connector.attach(1, talker)
+        assert thinker.taken() == [(1, "", False), (2, "", False), (1, "\0t", False)]
+        assert talker.taken() == [(2, "", False)]
+        connector.attach(2, FakeWorker("\0c"))  # read by both
+        assert thinker.taken() == [(2, "\0c", False)]
+        assert talker.taken() == [(2, "\0c", False)]
+
+
+async def test_leaving_the_block_forgets_every_worker_and_sweeps_the_prefix():
     async with open_shm_connector({0: [1]}) as connector:
-        upstream, reader = attached(connector, workers)
-        await upstream.send(chunk("text-only", 0))
-        assert await reader.receive() == [chunk("text-only", 0)]
-        connector.detach(1)  # the reader restarts ...
-        await upstream.send(chunk("text-only", 1), chunk("other", 0))
-        await trio.testing.wait_all_tasks_blocked()
-        connector.released(0, "text-only")  # ... and the request ends meanwhile
-        assert connector.statistics().notices_waiting == 1  # only "other"'s
-        replacement = workers()
-        connector.attach(1, replacement.relay_end)
-        assert await replacement.receive() == [chunk("other", 0)]
-        assert connector.detach(1) == {"other"}
+        thinker = FakeWorker()
+        connector.attach(0, thinker)
+        connector.attach(1, FakeWorker("\0reader"))
+        thinker.taken()
+        ring = trio.Path(_shm.SHM_DIR, f"{connector.prefix}-0-1-ring1-1")
+        await ring.write_bytes(bytes(4096))  # as a dead worker's ring would be left
+        stats = connector.statistics()
+        assert (stats.segments_live, stats.shm_bytes) == (1, 4096)
+    assert connector.statistics().workers_attached == 0
+    assert _shm.listing(connector.prefix) == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"inline_chunk_bytes": -1}, "inline_chunk_bytes must be >= 0, got -1"),
+        ({"ring_bytes": MIN_RING_BYTES - 1}, f"ring_bytes must be >= {MIN_RING_BYTES}, got"),
+    ],
+)
+async def test_sizes_out_of_range_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        async with open_shm_connector({0: [1]}, **kwargs):
+            pytest.fail("must not open")  # pragma: no cover
+
+
+async def test_real_workers_are_routed_again_when_a_reader_restarts():
+    """In-process workers: attached when ready, the reader's restart routes its
+    sender twice (wait, then the new address), and chunks flow again after it."""
+    options = WorkerOptions(restart=True)
+    with trio.fail_after(20):
+        async with (
+            open_shm_connector({0: [1]}) as connector,
+            open_inprocess_stage(
+                "process_engines:stream", engine_args={"count": 3}, connector=connector
+            ) as thinker,
+            open_inprocess_stage(
+                "process_engines:relay", stage_id=1, connector=connector, options=options
+            ) as talker,
+        ):
+            stats = connector.statistics()
+            assert (stats.workers_attached, stats.routes_sent) == (2, 2)
+            talker.kill()
+            await eventually(lambda: talker.statistics().restarts == 1)
+            await eventually(lambda: connector.statistics().workers_attached == 2)
+            assert connector.statistics().routes_sent == 4
+            await talker.submit("r", None)
+            await thinker.submit("r", "r")
+            outs = []
+            while not (outs and outs[-1].finished):
+                item = await talker.outputs.receive()
+                outs += item if isinstance(item, list) else [item]
+            assert [o.data for o in outs] == ["R:0:0", "R:0:1", "R:0:2", None]
+            await thinker.release("r")
+            await talker.release("r")

@@ -207,8 +207,8 @@ async def test_leaving_at_any_step_of_a_restart_leaves_no_task(steps):
 
 @bounded
 async def test_async_chunk_between_inprocess_and_process_stages():
-    """Chunks cross from a task to a process and back through the shm connector; the
-    terminal waits for every stage; the release frees every segment."""
+    """Chunks cross from a task to a process and back, through their senders' rings;
+    the terminal waits for every stage."""
     config = pipeline_config(
         ("stream", "{ count = 3 }", True, INPROCESS),
         ("relay", "{}", False, "[stages.runtime]\ncompletion_delay = 0.3"),
@@ -221,12 +221,13 @@ async def test_async_chunk_between_inprocess_and_process_stages():
         async with orch.open_request("hi") as stream:
             # The final stage is done before the talker reports: the chunks are held.
             await eventually(lambda: orch.statistics().pending_final == 1)
-            assert _shm.listing(f"{pipeline.prefix}-0-"), "stage 0's chunks are freed early"
+            # One ring per link, whichever side of it is a task: 0->1 and 1->2.
+            rings = _shm.listing(pipeline.prefix)
+            assert sorted(name.split("-")[1] for name in rings) == ["0", "1"]
             outs = [out async for out in stream]
         assert data_of(outs, 0) == ["hi:0:0", "hi:0:1", "hi:0:2"]
         assert data_of(outs, 2) == ["HI:0:0", "HI:0:1", "HI:0:2"]
         assert outs[-1].finish_reason == "completed"
-        await eventually(lambda: _shm.listing(pipeline.prefix) == [])
 
 
 @bounded
@@ -259,31 +260,36 @@ async def test_abort_mid_stream_frees_the_request_in_process():
         async with orch.open_request("long") as stream:
             for _ in range(3):
                 await stream.receive()
-            assert _shm.listing(pipeline.prefix)
-        await eventually(lambda: _shm.listing(pipeline.prefix) == [])
-        assert orch.statistics().aborted == 1
+            (ring,) = _shm.listing(pipeline.prefix)
+        await eventually(lambda: orch.statistics().aborted == 1)
         async with orch.open_request("short") as stream:
             assert [o async for o in stream][-1].finish_reason == "completed"
+        assert _shm.listing(pipeline.prefix) == [ring]  # the link's, reused
 
 
 @bounded
-async def test_a_release_frees_the_segments_an_inprocess_stage_made():
+async def test_an_inprocess_senders_ring_goes_with_its_worker():
+    """A ring lives as long as its link, not its requests: released, a request leaves
+    it for the next; the sending stage's close frees it (before any sweep)."""
     async with (
         open_shm_connector({0: [1]}, inline_chunk_bytes=0) as connector,
-        open_inprocess_stage(
-            "process_engines:stream", engine_args={"count": 3}, connector=connector
-        ) as thinker,
+        open_inprocess_stage("process_engines:relay", stage_id=1, connector=connector) as talker,
     ):
-        await thinker.submit("y", "y")
-        outs = []
-        while not (outs and outs[-1].finished):
-            item = await thinker.outputs.receive()
-            outs += item if isinstance(item, list) else [item]
-        assert [o.data for o in outs if o.data is not None] == ["y:0:0", "y:0:1", "y:0:2"]
-        # Finished, not released: its chunks are held for the downstream stage.
-        assert len(_shm.listing(f"{connector.prefix}-0-")) == 3
-        await thinker.release("y")
-        await eventually(lambda: _shm.listing(connector.prefix) == [])
+        async with open_inprocess_stage(
+            "process_engines:stream", engine_args={"count": 3}, connector=connector
+        ) as thinker:
+            await talker.submit("y", None)
+            await thinker.submit("y", "y")
+            outs = []
+            while not (outs and outs[-1].finished):
+                item = await talker.outputs.receive()
+                outs += item if isinstance(item, list) else [item]
+            assert [o.data for o in outs if o.data is not None] == ["Y:0:0", "Y:0:1", "Y:0:2"]
+            await thinker.release("y")
+            await talker.release("y")
+            (ring,) = _shm.listing(f"{connector.prefix}-0-1-")
+            assert _shm.listing(connector.prefix) == [ring]
+        assert _shm.listing(connector.prefix) == []
 
 
 @pytest.mark.parametrize("backends", [("inprocess",) * 3, ("inprocess", "process", "inprocess")])

@@ -18,6 +18,7 @@ from omni_trio.process import WorkerOptions, _shm, open_process_stage, open_shm_
 from processes import eventually, pipeline_config, running, worker_processes
 
 RESTART = "[stages.runtime]\nrestart = true"
+WENT_AWAY = "its upstream worker went away mid-stream"
 
 
 async def completion_of(stream, stage_id):
@@ -65,27 +66,53 @@ async def test_a_restarted_worker_never_hands_a_request_another_requests_chunks(
     assert "ChunkLostError" in a_outs[-1].error
 
 
-async def test_a_request_whose_chunks_all_went_with_the_worker_does_not_wait_forever():
-    """Not one chunk notice of "a" reached stage 1 before stage 0's worker died, not
-    even the end of its stream: the relay's Lost notice ends stage 1's wait."""
+async def test_a_sender_killed_right_after_completing_delivered_its_whole_stream():
+    """Stage 0 reports "a" complete only once the end of its stream is written to
+    its reader's connection: killed at once after that, it took nothing with it,
+    and "a" completes whole."""
     config = pipeline_config(
-        ("stream", "{ count = 2, delay = 0.05 }", True, RESTART),
+        ("stream", "{ count = 3, delay = 0.05 }", True, RESTART),
+        ("relay", "{ delay = 0.1 }", True, ""),  # still reading when stage 0 dies
+    )
+    async with running(config) as (pipeline, orch):
+        async with orch.open_request("a", request_id="a") as a:
+            outs = await completion_of(a, 0)
+            pipeline.stages[0].kill()
+            with trio.fail_after(10):
+                outs += [out async for out in a]
+        assert [o.data for o in outs if o.stage_id == 1] == ["A:0:0", "A:0:1", "A:0:2", None]
+        assert outs[-1].finish_reason == "completed"
+        await eventually(lambda: pipeline.stages[0].statistics().restarts == 1)
+
+
+async def test_a_request_whose_chunks_stopped_with_their_worker_ends_with_an_error():
+    """Stage 0 dies mid-stream: stage 1, waiting for the rest of "a", learns that it
+    will not come (its link ended mid-stream) -- "a" ends with an error, not a
+    hang -- and the next request runs on stage 0's next worker."""
+    config = pipeline_config(
+        ("stream", "{ count = 50, delay = 0.02 }", True, RESTART),
         ("relay", "{}", True, ""),
     )
     async with running(config) as (pipeline, orch):
         async with orch.open_request("a", request_id="a") as a:
-            # The relay stops reading stage 0 (as if its worker died just after writing)
-            # before stage 0 has sent anything; stage 0 still finishes "a".
-            pipeline.connector.detach(0)
-            await completion_of(a, 0)
+            while (await a.receive()).stage_id != 1:
+                pass  # stage 1 has read a chunk of it
             pipeline.stages[0].kill()
             with trio.fail_after(10):
                 outs = [out async for out in a]
         assert outs[-1].finish_reason == "error"
-        assert outs[-1].stage_id == 1
-        assert "ChunkLostError" in outs[-1].error
-        assert "stage 0 lost its worker" in outs[-1].error
-        assert pipeline.connector.statistics().lost_notices == 1
+        assert (outs[-1].stage_id, outs[-1].error) in {
+            (0, "stage 0 failed: its worker died: killed by SIGKILL (restarted)"),
+            (1, f"stage 1 failed: ChunkLostError: request 'a': {WENT_AWAY}"),
+        }
+        # Stage 1 may notice first: a request submitted before stage 0 does would go
+        # to the dead worker.
+        await eventually(lambda: pipeline.stages[0].statistics().restarts == 1)
+        with trio.fail_after(10):
+            async with orch.open_request("b") as b:
+                outs = [out async for out in b]
+        assert outs[-1].finish_reason == "completed"
+        assert len([o for o in outs if o.stage_id == 1 and o.data is not None]) == 50
 
 
 async def test_chunks_sent_while_the_reader_restarts_wait_for_its_next_worker(tmp_path):
@@ -211,9 +238,32 @@ async def test_a_stage_cancelled_before_its_worker_is_ready_leaves_no_process():
 
 
 async def test_closing_a_stage_loses_nothing():
-    """A stage that closes holding an unreleased request does not report it lost: only
-    a worker's death does."""
+    """A stage that closes holding an unreleased request (its engine waits to send a
+    chunk: its reader has no worker yet) does not report it lost: only a worker's
+    death does."""
     async with open_shm_connector({0: [1]}) as connector:
         async with open_process_stage("process_engines:stream", connector=connector) as stage:
             await stage.submit("r", "x")  # never released
-        assert connector.statistics().lost_notices == 0
+        outputs = [item async for item in stage.outputs]
+    assert outputs == []
+
+
+async def test_a_sender_whose_reader_closed_for_good_drops_its_chunks():
+    """Its chunks have nowhere to go, ever: they are dropped, and its requests run to
+    their end instead of waiting for a reader."""
+    with trio.fail_after(20):
+        async with (
+            open_shm_connector({0: [1]}) as connector,
+            open_process_stage(
+                "process_engines:stream", engine_args={"count": 3}, connector=connector
+            ) as thinker,
+        ):
+            async with open_process_stage("process_engines:relay", stage_id=1, connector=connector):
+                pass
+            await thinker.submit("r", "r")
+            outs = []
+            while not (outs and outs[-1].finished):
+                item = await thinker.outputs.receive()
+                outs += item if isinstance(item, list) else [item]
+            assert [o.data for o in outs] == ["r:0:0", "r:0:1", "r:0:2", None]
+            await thinker.release("r")

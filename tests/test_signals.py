@@ -21,6 +21,7 @@ from omni_trio._runtime import EXIT_INTERRUPTED, exits_on_interrupt, run_under_s
 from omni_trio.demo.runner import DemoOptions, run_demo
 from omni_trio.process import _shm, open_process_stage
 from omni_trio.process import _wire as wire
+from omni_trio.process._links import listen_address
 from processes import live_processes
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -351,21 +352,38 @@ def _start_worker(control: socket.socket) -> subprocess.Popen[bytes]:
 async def test_a_worker_leaves_quietly_when_its_orchestrator_goes_away():
     """Ctrl-C is not the worker's to act on; its control connection closing, even
     with frames of the worker's unread (a reset, not an end of stream), ends it with
-    status 0 and nothing on stderr."""
+    status 0 and nothing on stderr -- while it streams chunks into a full ring for a
+    reader that reads none: it frees its ring as it leaves."""
     control, control_child = socket.socketpair()
     worker = _start_worker(control_child)
     control_child.close()
     prefix = _shm.new_prefix()
+    reader = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    link = None
     try:
-        init = wire.Init(0, "s", "process_engines:stream", {"count": 10_000}, prefix)
+        await reader.bind(listen_address(prefix, 1, 1))
+        reader.listen(1)
+        init = wire.Init(
+            0,
+            "s",
+            "process_engines:stream",
+            {"count": 10_000},
+            prefix,
+            chunks=True,
+            targets=[1],
+            ring_bytes=64 * 1024,
+        )
         control.sendall(wire.encode(init))
         with trio.fail_after(30):
             first = await trio.to_thread.run_sync(control.recv, 1 << 16)
         assert wire.DECODE_FROM_WORKER.decode(first[4:]).__class__ is wire.Ready
+        control.sendall(wire.encode(wire.Route(1, listen_address(prefix, 1, 1))))
         for number in range(4):
             control.sendall(wire.encode(wire.Submit(f"r{number}", "x")))
-        with trio.fail_after(30):  # it streams: its outputs pile up unread from here on
-            assert await trio.to_thread.run_sync(control.recv, 1 << 16)
+        with trio.fail_after(30):  # it streams: outputs and chunks pile up unread
+            link, _ = await reader.accept()
+            while not _shm.listing(prefix):  # noqa: ASYNC110 - another process
+                await trio.sleep(0.01)
         worker.send_signal(signal.SIGINT)  # as a terminal's Ctrl-C would
         await trio.sleep(0.2)
         assert worker.poll() is None, "the worker died of a Ctrl-C"
@@ -374,12 +392,17 @@ async def test_a_worker_leaves_quietly_when_its_orchestrator_goes_away():
             status = await trio.to_thread.run_sync(worker.wait)
         assert worker.stderr is not None
         assert (status, worker.stderr.read().decode()) == (0, "")
+        assert _shm.listing(prefix) == [], "it freed its ring as it left"
     finally:
+        reader.close()
+        if link is not None:
+            link.close()
         if worker.poll() is None:  # pragma: no cover
             worker.kill()
             worker.wait()
         if worker.stderr is not None:
             worker.stderr.close()
+        _shm.sweep(prefix)
 
 
 async def test_a_worker_whose_orchestrator_leaves_before_init_exits_quietly():

@@ -90,3 +90,55 @@ async def test_the_writer_sends_queued_frames_in_one_write():
     await writer.run()
     assert len(writes) == 1
     assert await reader_over(*writes).receive() == [Pong(0), Pong(1), Pong(2)]
+
+
+async def test_a_producer_waits_while_more_than_high_water_is_queued():
+    """``send`` queues at once below the mark, and waits above it until the writer
+    has written enough; ``flushed`` waits until what was queued is written."""
+    stream = trio.testing.MemorySendStream()
+    writer = FrameWriter(stream, high_water=100)
+    frame = encode(Output("r", "x" * 60, False))
+    queued = []
+
+    async def produce():
+        for _ in range(4):
+            await writer.send(frame)
+            queued.append(writer.queued)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(produce)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(queued) == 2  # over 100 bytes queued: the third waits
+        flushed = trio.Event()
+
+        async def flush():
+            await writer.flushed()
+            flushed.set()
+
+        nursery.start_soon(flush)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not flushed.is_set()
+        nursery.start_soon(writer.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert flushed.is_set()
+        assert len(queued) == 4
+        writer.close()
+    frames = await reader_over(stream.get_data_nowait()).receive()
+    assert frames == [Output("r", "x" * 60, False)] * 4
+
+
+async def test_nobody_waits_on_a_writer_whose_connection_is_gone():
+    """Its peer went away: a producer is not held back by frames nobody will write."""
+    stream = trio.testing.MemorySendStream()
+
+    async def broken():
+        raise trio.BrokenResourceError
+
+    stream.send_all_hook = broken
+    writer = FrameWriter(stream, high_water=10)
+    writer.send_nowait(encode(Pong(1)))
+    with pytest.raises(trio.BrokenResourceError):
+        await writer.run()
+    with trio.fail_after(1):
+        await writer.send(encode(Pong(2)))  # over the mark, and no wait
+        await writer.flushed()

@@ -262,7 +262,8 @@ class OutLink:
                     )
                 offset = ring.allocate(size)
                 if offset is None:
-                    self._space = trio.Event()
+                    if self._space.is_set():  # one event for every request waiting
+                        self._space = trio.Event()
                     await self._wait(self._space)
                     continue
                 ring.write(offset, ring_tag(request_id, seq), chunk)
@@ -335,7 +336,9 @@ class InLink:
         self._threshold = max(1, window // 2)
         self._counts: dict[str, int] = {}
         self._slots: list[int] = []
-        self._eager = False  # the sender waits: acknowledge the next chunk at once
+        #: Requests whose sender waits for their acknowledgements: the next chunk of
+        #: each that is read is acknowledged at once.
+        self._waiting: set[str] = set()
 
     def read(self, notice: wire.Chunk) -> bytes:
         """The bytes of a chunk in the ring (copied out; its slot stays until acked).
@@ -357,22 +360,24 @@ class InLink:
         if offset >= 0:
             self._slots.append(offset)
             self.flush()  # ring space is scarce: give it back at once
-        elif count >= self._threshold or self._eager:
+        elif count >= self._threshold or request_id in self._waiting:
             self.flush()
 
-    def waiting(self) -> None:
-        """The sender waits for acknowledgements: send what is owed now, or, if
-        nothing is, the next one as soon as it is."""
-        if self._counts or self._slots:
+    def waiting(self, request_id: str) -> None:
+        """The sender waits for acknowledgements of ``request_id``'s chunks: send
+        what is owed for it now, or, if nothing is, the next one as soon as it is.
+        (Another request's acknowledgements do not wake it: were its own held back
+        for a batch, neither side would move again.)"""
+        if request_id in self._counts:
             self.flush()
         else:
-            self._eager = True
+            self._waiting.add(request_id)
 
     def flush(self) -> None:
         """Send the acknowledgements owed."""
-        self._eager = False
         if (self._counts or self._slots) and not self.closed:
             self.writer.send_nowait(wire.encode(wire.Ack(self._counts, self._slots)))
+            self._waiting.difference_update(self._counts)
             self._counts, self._slots = {}, []
 
     def close(self) -> None:

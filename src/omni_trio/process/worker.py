@@ -192,6 +192,8 @@ class _ChunkIO:
                 request.broken = notice.reason
             elif notice.seq != request.expected:
                 request.broken = f"chunk {request.expected} of its upstream stage never arrived"
+                if link is not None and not notice.eos:  # its window and its slot back
+                    link.ack(self._request_id, notice.offset)
             elif notice.eos:
                 request.eof = True
                 raise StopAsyncIteration
@@ -268,7 +270,7 @@ class _Worker:
         if kind is wire.Chunk or kind is wire.Lost:
             self._on_notice(link, frame)
         elif kind is wire.Waiting:
-            link.waiting()
+            link.waiting(frame.request_id)
         elif kind is wire.Drop:
             request = self.requests.get(frame.request_id)
             if request is not None and not request.running and not request.finished:

@@ -1,0 +1,421 @@
+"""A sending worker's chunk links (``OutLink``), in-process, against a fake reading
+worker on a real socket: where chunks travel (inline, the ring), the window and the
+ring that make a sender wait, and what happens when its reader goes away."""
+
+from __future__ import annotations
+
+import socket
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+import trio.testing
+
+from omni_trio.process import _shm
+from omni_trio.process import _wire as wire
+from omni_trio.process._links import OutLink, listen_address, ring_tag
+from omni_trio.process._options import MIN_RING_BYTES
+from omni_trio.process._ring import RingReader
+
+pytestmark = pytest.mark.usefixtures("prefix")
+
+
+@pytest.fixture
+def prefix():
+    prefix = _shm.new_prefix()
+    yield prefix
+    _shm.sweep(prefix)
+
+
+async def settle() -> None:
+    """Let frames cross the socket and every task go as far as it can."""
+    await trio.testing.wait_all_tasks_blocked(0.01)
+
+
+class Peer:
+    """The reading worker's end of one link: the frames it got, the acks it sends."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self._reader = wire.FrameReader(stream, wire.DECODE_TO_READER)
+        self._pending: list[object] = []
+
+    async def frames(self, count: int) -> list[object]:
+        """The next ``count`` frames."""
+        with trio.fail_after(5):
+            while len(self._pending) < count:
+                self._pending += await self._reader.receive()
+        taken, self._pending = self._pending[:count], self._pending[count:]
+        return taken
+
+    async def frame(self) -> object:
+        return (await self.frames(1))[0]
+
+    async def nothing_more(self) -> None:
+        await settle()
+        with trio.move_on_after(0.05):
+            self._pending += await self._reader.receive()
+        assert self._pending == []
+
+    async def ack(self, counts: dict[str, int], slots: list[int] | None = None) -> None:
+        await self.stream.send_all(wire.encode(wire.Ack(counts, slots or [])))
+        await settle()
+
+
+class Listener:
+    def __init__(self, sock: trio.socket.SocketType) -> None:
+        self._sock = sock
+
+    async def accept(self) -> Peer:
+        with trio.fail_after(5):
+            sock, _ = await self._sock.accept()
+        peer = Peer(trio.SocketStream(sock))
+        assert await peer.frame() == wire.Hello(0, 1)
+        return peer
+
+
+@asynccontextmanager
+async def listening(address: str):
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with sock:
+        await sock.bind(address)
+        sock.listen(8)
+        yield Listener(sock)
+
+
+@asynccontextmanager
+async def sender(prefix: str, **init_fields):
+    """Stage 0's worker #1 sending to stage 1, with one ``OutLink``; a reading worker
+    listens at ``address`` (its Listener is handed back, unconnected)."""
+    init = wire.Init(0, "thinker", "x:y", {}, prefix, chunks=True, targets=[1], **init_fields)
+    async with trio.open_nursery() as nursery:
+        link = OutLink(init, 1, nursery)
+        try:
+            yield link, nursery
+        finally:
+            link.close()
+            nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def connected(prefix: str, **init_fields):
+    """A sender's link connected to a fake reading worker: ``(link, peer, nursery)``."""
+    address = listen_address(prefix, 1, 1)
+    async with listening(address) as listener, sender(prefix, **init_fields) as (link, nursery):
+        link.route(address, False)
+        peer = await listener.accept()
+        try:
+            yield link, peer, nursery
+        finally:
+            await peer.stream.aclose()
+
+
+class Sends:
+    """A task sending a request's chunks one by one, counting those sent."""
+
+    def __init__(self, link: OutLink, request_id: str, chunks: list[bytes], first_seq: int = 0):
+        self.link, self.request_id, self.chunks = link, request_id, chunks
+        self.first_seq = first_seq
+        self.done = 0
+        self.error: Exception | None = None
+        self.finished = trio.Event()
+
+    async def run(self) -> None:
+        try:
+            for seq, chunk in enumerate(self.chunks, self.first_seq):
+                await self.link.send(self.request_id, seq, memoryview(chunk))
+                self.done += 1
+        except Exception as exc:
+            self.error = exc
+        finally:
+            self.finished.set()
+
+
+def chunk_of(request_id: str, seq: int, size: int) -> bytes:
+    return (f"{request_id}:{seq};".encode() * (size // 4 + 1))[:size]
+
+
+# -- where a chunk travels ------------------------------------------------------------------
+
+
+async def test_small_chunks_go_inline_and_bigger_ones_through_the_ring(prefix):
+    async with connected(prefix, inline_chunk_bytes=4, ring_bytes=MIN_RING_BYTES) as (
+        link,
+        peer,
+        _,
+    ):
+        for seq, data in enumerate([b"", b"tiny", b"bigger", b"tiny", b"biggest"]):
+            await link.send("r", seq, memoryview(data))
+        await link.end("r", 5)
+        frames = await peer.frames(7)
+        ring = frames[2]
+        assert isinstance(ring, wire.Ring)  # announced before the first chunk in it
+        # Named under its worker's generation: its stage sweeps it when it dies.
+        assert ring.name.startswith(f"{prefix}-0-1-")
+        big = [frames[3], frames[5]]
+        assert frames[:2] == [wire.Chunk("r", 0, 0, data=b""), wire.Chunk("r", 1, 4, data=b"tiny")]
+        assert frames[4] == wire.Chunk("r", 3, 4, data=b"tiny")
+        assert frames[6] == wire.Chunk("r", 5, eos=True)
+        reader = RingReader.open(ring.name)
+        try:
+            for chunk, data in zip(big, [b"bigger", b"biggest"], strict=True):
+                assert isinstance(chunk, wire.Chunk)
+                assert (chunk.data, chunk.size, chunk.offset >= 0) == (None, len(data), True)
+                assert reader.read(chunk.offset, ring_tag("r", chunk.seq), chunk.size) == data
+        finally:
+            reader.close()
+        assert (link.chunks, link.inline, link.bytes) == (5, 3, 21)
+    assert _shm.listing(prefix) == [], "the link's ring outlived it"
+
+
+async def test_with_no_inline_threshold_every_chunk_goes_through_the_ring(prefix):
+    async with connected(prefix, inline_chunk_bytes=0, ring_bytes=MIN_RING_BYTES) as (
+        link,
+        peer,
+        _,
+    ):
+        await link.send("r", 0, memoryview(b""))
+        await link.send("r", 1, memoryview(b"x"))
+        ring, *chunks = await peer.frames(3)
+        assert isinstance(ring, wire.Ring)
+        assert [(c.data, c.offset >= 0) for c in chunks] == [(None, True)] * 2
+        assert link.inline == 0
+
+
+async def test_a_chunk_bigger_than_the_ring_is_refused_naming_both_sizes(prefix):
+    async with connected(prefix, ring_bytes=MIN_RING_BYTES) as (link, _, _):
+        size = MIN_RING_BYTES + 1
+        with pytest.raises(ValueError, match=f"a {size}-byte chunk does not fit the "):
+            await link.send("r", 0, memoryview(bytes(size)))
+        with pytest.raises(ValueError, match=f"{MIN_RING_BYTES}-byte ring"):
+            await link.send("r", 0, memoryview(bytes(size)))
+
+
+# -- what makes a sender wait ---------------------------------------------------------------
+
+
+async def test_a_request_has_at_most_a_window_of_chunks_unacknowledged(prefix):
+    """The sender says it waits (``Waiting``), and goes on as acknowledgements come;
+    another request on the same link has a window of its own."""
+    async with connected(prefix, inline_chunk_bytes=1024, window=4) as (link, peer, nursery):
+        r = Sends(link, "r", [b"r"] * 6)
+        nursery.start_soon(r.run)
+        await settle()
+        assert r.done == 4
+        assert link.waits == 1
+        frames = await peer.frames(5)
+        assert frames[-1] == wire.Waiting("r")
+        await link.send("s", 0, memoryview(b"s"))  # not held by "r"'s window
+        assert await peer.frame() == wire.Chunk("s", 0, 1, data=b"s")
+        await peer.ack({"s": 1})
+        assert r.done == 4  # another request's acknowledgement
+        await peer.ack({"r": 1})
+        assert r.done == 5
+        await peer.ack({"r": 3})
+        assert r.done == 6
+        assert [f.seq for f in await peer.frames(3) if isinstance(f, wire.Chunk)] == [4, 5]
+
+
+async def test_a_request_has_at_most_a_window_of_bytes_unacknowledged_and_one_chunk(prefix):
+    async with connected(prefix, inline_chunk_bytes=1024, window_bytes=100) as (
+        link,
+        peer,
+        nursery,
+    ):
+        r = Sends(link, "r", [bytes(60), bytes(60), bytes(500)])
+        nursery.start_soon(r.run)
+        await settle()
+        assert r.done == 1  # 120 bytes would be over 100
+        await peer.ack({"r": 1})
+        assert r.done == 2  # the 500-byte chunk waits for the window to be empty ...
+        await peer.ack({"r": 1})
+        assert r.done == 3  # ... and goes alone: a chunk is never too big for a window
+        frames = await peer.frames(5)
+        assert [f.size for f in frames if isinstance(f, wire.Chunk)] == [60, 60, 500]
+
+
+async def test_a_full_ring_makes_its_sender_wait_for_slots(prefix):
+    """The reader gives slots back as it reads, oldest first: the sender goes on one
+    chunk per slot, around and around the ring, and every chunk reads back whole."""
+    size = MIN_RING_BYTES // 4
+    count = 12
+    async with connected(prefix, inline_chunk_bytes=0, ring_bytes=MIN_RING_BYTES) as (
+        link,
+        peer,
+        nursery,
+    ):
+        r = Sends(link, "r", [chunk_of("r", seq, size) for seq in range(count)])
+        nursery.start_soon(r.run)
+        await settle()
+        held = r.done
+        assert 1 <= held < 4  # a ring of four chunks' bytes holds fewer, with headers
+        assert link.waits == 1
+        ring, *chunks = await peer.frames(1 + held)
+        assert isinstance(ring, wire.Ring)
+        await peer.ack({"r": 1})  # the count alone frees no slot
+        assert r.done == held
+        reader = RingReader.open(ring.name)
+        try:
+            for seq in range(count):  # read the oldest, give its slot back
+                chunk = chunks[seq]
+                sent = chunk_of("r", seq, size)
+                assert reader.read(chunk.offset, ring_tag("r", seq), size) == sent
+                await peer.ack({}, [chunk.offset])
+                assert r.done == min(count, held + seq + 1)  # one more per slot
+                chunks += await peer.frames(r.done - len(chunks))
+        finally:
+            reader.close()
+        assert len({c.offset for c in chunks}) < count  # it went around
+        assert link.waits >= count - held
+
+
+async def test_every_request_waiting_for_ring_space_resumes_when_it_is_freed(prefix):
+    """Two requests wait for the same full ring: freeing its slots wakes both, not
+    just the last one to start waiting."""
+    size = MIN_RING_BYTES // 4
+    async with connected(prefix, inline_chunk_bytes=0, ring_bytes=MIN_RING_BYTES) as (
+        link,
+        peer,
+        nursery,
+    ):
+        r = Sends(link, "r", [bytes(size)] * 5)
+        nursery.start_soon(r.run)
+        await settle()
+        held = r.done
+        assert held < 4
+        s = Sends(link, "s", [bytes(size)])
+        nursery.start_soon(s.run)
+        await settle()
+        assert s.done == 0
+        _, *chunks = await peer.frames(1 + held)
+        await peer.ack({"r": held}, [c.offset for c in chunks])
+        with trio.fail_after(5):
+            await r.finished.wait()
+            await s.finished.wait()
+        assert (r.done, s.done, r.error, s.error) == (5, 1, None, None)
+
+
+async def test_a_sender_with_no_reader_waits_for_a_route_and_a_gone_reader_drops(prefix):
+    address = listen_address(prefix, 1, 1)
+    async with (
+        listening(address) as listener,
+        sender(prefix, inline_chunk_bytes=1024) as (link, nursery),
+    ):
+        r = Sends(link, "r", [b"a", b"b"])
+        nursery.start_soon(r.run)
+        await settle()
+        assert (r.done, link.waits) == (0, 1)  # not routed yet
+        link.route("", False)  # the stage has no worker right now
+        await settle()
+        assert r.done == 0
+        link.route(address, False)
+        peer = await listener.accept()
+        assert await peer.frames(2) == [
+            wire.Chunk("r", 0, 1, data=b"a"),
+            wire.Chunk("r", 1, 1, data=b"b"),
+        ]
+        link.route("", True)  # gone: there will be no worker again
+        assert link.gone
+        await link.send("r", 2, memoryview(b"c"))  # dropped, at once
+        await link.end("r", 3)
+        with pytest.raises(EOFError):  # its connection is closed, nothing more on it
+            await peer.frame()
+        await peer.stream.aclose()
+
+
+async def test_the_end_of_a_stream_returns_once_it_is_written(prefix):
+    """``end`` returns only when its frame is in the socket: a sender that dies
+    right after its completion still delivered its whole stream."""
+    big = 1 << 20
+    async with connected(prefix, inline_chunk_bytes=big, window_bytes=16 * big, window=64) as (
+        link,
+        peer,
+        nursery,
+    ):
+        for seq in range(6):  # more than the socket holds: queued in the writer
+            await link.send("r", seq, memoryview(bytes(big)))
+        ended = trio.Event()
+
+        async def end():
+            await link.end("r", 6)
+            ended.set()
+
+        nursery.start_soon(end)
+        await settle()
+        assert not ended.is_set()  # the reader reads nothing: it cannot be written
+        frames = await peer.frames(7)
+        assert frames[-1] == wire.Chunk("r", 6, eos=True)
+        with trio.fail_after(5):
+            await ended.wait()
+
+
+# -- releases and readers that go away -----------------------------------------------------
+
+
+async def test_a_released_request_is_dropped_at_its_reader_and_its_acks_ignored(prefix):
+    async with connected(prefix, inline_chunk_bytes=1024, window=2) as (link, peer, _):
+        await link.send("r", 0, memoryview(b"a"))
+        link.release("r")
+        link.release("never-sent")  # nothing to tell
+        assert await peer.frames(2) == [wire.Chunk("r", 0, 1, data=b"a"), wire.Drop("r")]
+        await peer.ack({"r": 1, "unknown": 3})  # late, or never ours: ignored
+        await peer.nothing_more()
+        # A reused id starts with a whole window.
+        await link.send("r", 0, memoryview(b"a"))
+        await link.send("r", 1, memoryview(b"b"))
+        assert link.waits == 0
+
+
+async def test_a_readers_successor_hears_which_requests_went_with_it(prefix):
+    """The reading worker dies: the sender drops its ring and waits; connected to the
+    next worker, it says first which unreleased requests had chunks in the dead one
+    (and a fresh ring replaces the old)."""
+    first, second = listen_address(prefix, 1, 1), listen_address(prefix, 1, 2)
+    async with (
+        listening(first) as one,
+        listening(second) as two,
+        sender(prefix, inline_chunk_bytes=0, ring_bytes=MIN_RING_BYTES) as (link, nursery),
+    ):
+        link.route(first, False)
+        peer = await one.accept()
+        await link.send("a", 0, memoryview(b"a"))
+        await link.send("b", 0, memoryview(b"b"))
+        await link.end("ended", 0)
+        link.release("b")
+        old_ring, *_ = await peer.frames(5)
+        assert _shm.listing(prefix) == [old_ring.name]
+        await peer.stream.aclose()  # it dies
+        await settle()
+        assert _shm.listing(prefix) == [], "the dead reader's ring is freed"
+
+        c = Sends(link, "c", [b"c"])
+        nursery.start_soon(c.run)
+        await settle()
+        assert c.done == 0  # no worker to send to
+        link.route("", False)  # the orchestrator: it is gone, the next is coming
+        link.route(second, False)
+        peer = await two.accept()
+        lost = "stage 1's worker died with its chunks"
+        frames = await peer.frames(4)
+        assert frames[:2] == [wire.Lost("a", lost), wire.Lost("ended", lost)]
+        new_ring = frames[2]
+        assert isinstance(new_ring, wire.Ring)
+        assert new_ring.name != old_ring.name
+        assert _shm.listing(prefix) == [new_ring.name]
+        assert c.done == 1
+        await peer.stream.aclose()
+
+
+async def test_closing_a_link_frees_its_ring_and_drops_what_follows(prefix):
+    async with connected(prefix, inline_chunk_bytes=0, ring_bytes=MIN_RING_BYTES) as (
+        link,
+        peer,
+        _,
+    ):
+        await link.send("r", 0, memoryview(b"a"))
+        await peer.frames(2)
+        assert len(_shm.listing(prefix)) == 1
+        link.close()
+        assert _shm.listing(prefix) == []
+        await link.send("r", 1, memoryview(b"b"))
+        assert link.chunks == 1
