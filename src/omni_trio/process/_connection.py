@@ -46,8 +46,6 @@ class WorkerConnection:
       handle: The worker (a process, a task), to kill it and wait for its end.
       generation: Which of its stage's workers this is (1, 2, ... as it restarts).
       in_flight: Requests submitted to it that it has not finished or failed.
-      unreleased: Requests submitted to it that its stage has not released: their
-          chunks may still be in its shared memory.
       last_heard: When it last sent anything (``trio.current_time()``).
       address: Where it listens for chunks from upstream workers ("" if it reads
           none).
@@ -65,7 +63,6 @@ class WorkerConnection:
         self.generation = generation
         self.address = ""
         self.in_flight: set[str] = set()
-        self.unreleased: set[str] = set()
         self.last_heard = trio.current_time()
         self._label = label
         self._options = options
@@ -137,14 +134,12 @@ class WorkerConnection:
         """Send an encoded ``wire.Submit`` for ``request_id``."""
         self._writer.send_nowait(frame)
         self.in_flight.add(request_id)
-        self.unreleased.add(request_id)
 
     def abort(self, request_id: str) -> None:
         self._writer.send_nowait(wire.encode(wire.Abort(request_id)))
 
     def release(self, request_id: str) -> None:
         self.in_flight.discard(request_id)
-        self.unreleased.discard(request_id)
         self._writer.send_nowait(wire.encode(wire.Release(request_id)))
 
     def route(self, stage_id: int, address: str, *, gone: bool = False) -> None:

@@ -72,10 +72,12 @@ class ChunkLostError(Exception):
 class ChunkIO(Protocol):
     """A request's link to the neighbouring stages (async_chunk mode).
 
-    Chunks are bytes; they travel in shared memory, and only their keys through the
-    connector. A stage's chunks stay readable until the orchestrator releases the
-    request, which it does only once every stage has reported completion -- unless
-    the worker that wrote them dies first: then reading raises
+    Chunks are bytes; they go straight to the workers of the stages downstream (a
+    small one inside its frame, a big one through the sender's shared-memory ring).
+    :meth:`send` waits while the reader is behind (each request may have a window of
+    chunks unread) or has no worker (it is restarting). Chunks arrive whole and in
+    order; where some went missing -- their reader's predecessor died with them, or
+    their writer died before they could be read -- reading raises
     :class:`ChunkLostError`.
     """
 

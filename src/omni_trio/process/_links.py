@@ -203,7 +203,10 @@ class OutLink:
             if connection.ring is None:
                 raise wire.ProtocolError("an Ack frees ring slots, and there is no ring")
             for offset in ack.slots:
-                connection.ring.free(offset)
+                try:
+                    connection.ring.free(offset)
+                except ValueError as exc:  # not a slot we handed out: the link is over
+                    raise wire.ProtocolError(f"an Ack frees ring slot {offset}: {exc}") from None
             self._space.set()
 
     def _disconnect(self) -> None:
