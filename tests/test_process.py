@@ -163,18 +163,14 @@ async def test_sigkill_of_a_worker_mid_request(victim, inline_chunk_bytes, caplo
             pipeline.stages[victim].kill()
             audio_outs = [o async for o in audio]
             text_outs = [o async for o in text]
-        # Whoever notices first ends it: the orchestrator (the stage died), or the
-        # stage reading the dead worker's chunks (its link ended mid-stream).
+        # The stage that died ends it, named as the cause (the stage reading its
+        # chunks does not race it with a failure of its own).
         terminal = audio_outs[-1]
         assert terminal.finish_reason == "error"
-        assert (terminal.stage_id, terminal.error) in {
-            (victim, f"stage {victim} died: killed by SIGKILL"),
-            (
-                victim + 1,
-                f"stage {victim + 1} failed: ChunkLostError: request 'audio': "
-                "its upstream worker went away mid-stream",
-            ),
-        }
+        assert (terminal.stage_id, terminal.error) == (
+            victim,
+            f"stage {victim} died: killed by SIGKILL",
+        )
         if victim == 0:  # the text-only request needs stage 0 too
             assert text_outs[-1].finish_reason == "error"
         else:  # it does not need the dead stage: unaffected
@@ -200,10 +196,7 @@ async def test_a_restarted_worker_serves_the_next_requests():
             talker.kill()
             outs = [o async for o in stream]
         assert outs[-1].finish_reason == "error"
-        assert outs[-1].error in {  # whoever notices first: its stage, or its reader
-            "stage 1 failed: its worker died: killed by SIGKILL (restarted)",
-            "stage 2 failed: ChunkLostError: request 'a': its upstream worker went away mid-stream",
-        }
+        assert outs[-1].error == "stage 1 failed: its worker died: killed by SIGKILL (restarted)"
         await eventually(lambda: talker.pid is not None and talker.pid != first_pid)
         assert talker.statistics().restarts == 1
         assert orch.statistics().stages_alive == (True, True, True)

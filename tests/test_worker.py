@@ -122,12 +122,7 @@ class Upstream:
         """The acknowledgements queued since the last call; their ring slots are
         freed, as the sender would."""
         frames = []
-        while True:
-            try:
-                frame = self.link.writer._receive.receive_nowait()
-            except trio.WouldBlock:
-                break
-            ack = wire.DECODE_TO_SENDER.decode(frame[4:])
+        for ack in wire.decode_frames(self.link.writer.take(), wire.DECODE_TO_SENDER):
             for offset in ack.slots:
                 assert self.ring is not None
                 self.ring.free(offset)
@@ -168,13 +163,7 @@ def eos(request_id: str, count: int) -> wire.Chunk:
 
 def sent(worker: _Worker) -> list[object]:
     """The control frames the worker queued so far, decoded."""
-    frames = []
-    while True:
-        try:
-            frame = worker.control._receive.receive_nowait()
-        except trio.WouldBlock:
-            return frames
-        frames.append(wire.DECODE_FROM_WORKER.decode(frame[4:]))
+    return wire.decode_frames(worker.control.take(), wire.DECODE_FROM_WORKER)
 
 
 def failures(worker: _Worker) -> dict[str, str]:
@@ -427,33 +416,28 @@ async def test_a_reader_that_mapped_the_ring_still_reads_it_after_it_is_unlinked
 # -- a link that ends ---------------------------------------------------------------------
 
 
-async def test_a_link_that_ends_fails_the_requests_it_left_mid_stream(prefix, upstream):
-    """The upstream worker went away: a request with chunks on its link and no end of
-    stream lost the rest; one whose stream ended, or that had no chunk on it, did
-    not."""
+async def test_a_link_that_ends_fails_nothing_and_what_came_on_it_is_read(prefix, upstream):
+    """The upstream worker went away. Its requests still streaming were running there,
+    so its stage fails them, naming it (a failure here would race that report and
+    blame this stage); whatever it wrote before it went is read, a whole stream
+    completes, and other links go on."""
     worker = make_worker(prefix)
     up, other = upstream(worker), upstream(worker, generation=2)
     async with trio.open_nursery() as nursery:
         for request_id in ("mid", "whole", "elsewhere"):
             worker.handle(wire.Submit(request_id, None), nursery)
         up.send(up.inline("mid", 0), up.inline("whole", 0), eos("whole", 1))
-        up.send(up.inline("early", 0))  # not submitted yet
         other.send(other.inline("elsewhere", 0))
         await trio.testing.wait_all_tasks_blocked()
         worker.link_closed(up.link)
-        worker.handle(wire.Submit("early", None), nursery)
-        await trio.testing.wait_all_tasks_blocked()
         other.send(eos("elsewhere", 1))
         await trio.testing.wait_all_tasks_blocked()
         frames = sent(worker)
-        lost = "its upstream worker went away mid-stream"
-        assert {f.request_id: f.error for f in frames if type(f) is wire.Failed} == {
-            "mid": f"ChunkLostError: request 'mid': {lost}",
-            "early": f"ChunkLostError: request 'early': {lost}",
-        }
+        assert [f for f in frames if type(f) is wire.Failed] == []
         done = [f.request_id for f in frames if type(f) is wire.Output and f.finished]
         assert sorted(done) == ["elsewhere", "whole"]
         assert up.link.closed
+        assert "mid" in worker.requests  # until its stage aborts and releases it
         worker.release_all()
 
 
