@@ -87,6 +87,8 @@ class ShmConnector(metaclass=NoPublicConstructor):
         self._workers: dict[int, WorkerConnection] = {}
         self._gone: set[int] = set()
         self._routes_sent = 0
+        self._lives: dict[str, int] = {}  # request id -> its current life
+        self._last_life = 0
 
     def statistics(self) -> ConnectorStatistics:
         """Return a snapshot of the workers it knows and the shared memory in use."""
@@ -105,6 +107,21 @@ class ShmConnector(metaclass=NoPublicConstructor):
     def reads(self, stage_id: int) -> bool:
         """Whether stage ``stage_id`` reads chunks (its workers listen for them)."""
         return stage_id in self._sources
+
+    def life(self, request_id: str) -> int:
+        """The life of ``request_id`` a stage submits it in: the current one's, or,
+        if it has none (its last one ended), a new one, greater than every before."""
+        life = self._lives.get(request_id)
+        if life is None:
+            self._last_life += 1
+            life = self._lives[request_id] = self._last_life
+        return life
+
+    def end(self, request_id: str, life: int) -> None:
+        """A stage released ``request_id``'s life ``life``: it is over (its next
+        submit, at any stage, starts a new one)."""
+        if self._lives.get(request_id) == life:
+            del self._lives[request_id]
 
     def _route(self, sender: WorkerConnection, target: int) -> None:
         self._routes_sent += 1

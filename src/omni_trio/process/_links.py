@@ -115,9 +115,9 @@ class OutLink:
         self._connected = trio.Event()  # set while connected, and once gone
         self._space = trio.Event()  # set when ring space is freed
         self._unacked: dict[str, _Unacked] = {}
-        #: Requests with chunks sent to the current worker (or its predecessors) and
-        #: not released: a next worker is told they are lost.
-        self._written: set[str] = set()
+        #: Requests (and their lives) with chunks sent to the current worker (or its
+        #: predecessors) and not released: a next worker is told they are lost.
+        self._written: dict[str, int] = {}
 
     # -- where to send: from the orchestrator ---------------------------------------------
 
@@ -147,9 +147,9 @@ class OutLink:
                 return
             connection = _Connection(stream)
             connection.writer.send_nowait(self._hello)
-            for request_id in sorted(self._written):
-                lost = wire.Lost(request_id, f"stage {self.target}'s worker died with its chunks")
-                connection.writer.send_nowait(wire.encode(lost))
+            for request_id, life in sorted(self._written.items()):
+                why = f"stage {self.target}'s worker died with its chunks"
+                connection.writer.send_nowait(wire.encode(wire.Lost(request_id, why, life)))
             self._connection = connection
             self._connected.set()
             if not await self._serve(connection):
@@ -226,7 +226,7 @@ class OutLink:
 
     # -- what the engine sends --------------------------------------------------------------
 
-    async def send(self, request_id: str, seq: int, chunk: memoryview) -> None:
+    async def send(self, request_id: str, seq: int, chunk: memoryview, life: int = 0) -> None:
         """Send a request's ``seq``-th chunk, once its window, the ring and a worker
         to send to allow it.
 
@@ -254,7 +254,7 @@ class OutLink:
                 await self._wait(unacked.wakeup)
                 continue
             if inline:
-                frame = wire.Chunk(request_id, seq, size, data=bytes(chunk))
+                frame = wire.Chunk(request_id, seq, size, data=bytes(chunk), life=life)
                 self.inline += 1
             else:
                 ring = connection.ring or self._new_ring(connection)
@@ -270,17 +270,17 @@ class OutLink:
                     await self._wait(self._space)
                     continue
                 ring.write(offset, ring_tag(request_id, seq), chunk)
-                frame = wire.Chunk(request_id, seq, size, offset=offset)
+                frame = wire.Chunk(request_id, seq, size, offset=offset, life=life)
             held = size if inline else 0  # a reader holds an inline chunk; the ring, a big one
             unacked.sizes.append(held)
             unacked.bytes += held
-            self._written.add(request_id)
+            self._written[request_id] = life
             self.chunks += 1
             self.bytes += size
             connection.writer.send_nowait(wire.encode(frame))
             return
 
-    async def end(self, request_id: str, count: int) -> None:
+    async def end(self, request_id: str, count: int, life: int = 0) -> None:
         """Say that the request's chunks end after ``count`` of them; return once
         that is written to the reader's connection."""
         while not self.gone:
@@ -288,8 +288,9 @@ class OutLink:
             if connection is None:
                 await self._wait(self._connected)
                 continue
-            self._written.add(request_id)
-            connection.writer.send_nowait(wire.encode(wire.Chunk(request_id, count, eos=True)))
+            self._written[request_id] = life
+            eos = wire.Chunk(request_id, count, eos=True, life=life)
+            connection.writer.send_nowait(wire.encode(eos))
             # The stage's completion goes out after this: written, the end of the
             # stream reaches the reader even if this worker dies right after.
             await connection.writer.flushed()
@@ -311,10 +312,9 @@ class OutLink:
         unacked = self._unacked.pop(request_id, None)
         if unacked is not None:
             unacked.wake()
-        if request_id in self._written:
-            self._written.discard(request_id)
-            if self._connection is not None:
-                self._connection.writer.send_nowait(wire.encode(wire.Drop(request_id)))
+        life = self._written.pop(request_id, None)
+        if life is not None and self._connection is not None:
+            self._connection.writer.send_nowait(wire.encode(wire.Drop(request_id, life)))
 
     def close(self) -> None:
         self.gone = True

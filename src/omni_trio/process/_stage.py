@@ -116,6 +116,7 @@ class ProcessStage(metaclass=NoPublicConstructor):
         self._next_worker = trio.Event()  # set when a period without a worker ends
         self.death_cause: str | None = None
         self._releases_for_next: list[str] = []  # released while there was no worker
+        self._lives: dict[str, int] = {}  # submitted, not released: the life it was in
         self._started = 0
         self._restarts = 0
         self._deaths = 0
@@ -163,10 +164,14 @@ class ProcessStage(metaclass=NoPublicConstructor):
           TypeError: ``inputs`` cannot travel as msgpack.
           WorkerUnavailableError: there is no worker, and there will be none in time.
         """
-        frame = wire.encode(wire.Submit(request_id, inputs))
+        connector = self._connector
+        life = 0 if connector is None else connector.life(request_id)
+        frame = wire.encode(wire.Submit(request_id, inputs, life))
         worker = self._worker
         if worker is None:
             worker = await self._wait_for_worker()
+        if connector is not None:
+            self._lives[request_id] = life  # ended at its release
         worker.submit(request_id, frame)
         await trio.lowlevel.checkpoint()
 
@@ -183,6 +188,9 @@ class ProcessStage(metaclass=NoPublicConstructor):
             self._worker.release(request_id)
         elif self.death_cause is None:  # restarting: the next worker must drop its chunks too
             self._releases_for_next.append(request_id)
+        life = self._lives.pop(request_id, None)
+        if life is not None and self._connector is not None:
+            self._connector.end(request_id, life)
         await trio.lowlevel.checkpoint()
 
     def kill(self) -> None:

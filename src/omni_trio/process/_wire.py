@@ -120,8 +120,13 @@ class Init(_Message):
 
 
 class Submit(_Message):
+    """Run a request. ``life`` tells a request id's lives apart on chunk links: the
+    stages of one admission of a request share it, a later admission of the same id
+    gets a greater one (0: no connector)."""
+
     request_id: str
     inputs: Any
+    life: int = 0
 
 
 class Abort(_Message):
@@ -204,7 +209,9 @@ class Ring(_Message):
 class Chunk(_Message):
     """The ``seq``-th chunk of a request (from 0), ``size`` bytes: in ``data``, or in
     the sender's ring at ``offset``. ``eos`` says the request's upstream is done,
-    after ``seq`` chunks: a reader that saw fewer lost some."""
+    after ``seq`` chunks: a reader that saw fewer lost some. ``life``: the
+    ``Submit.life`` of the request at its sender (``Lost`` and ``Drop`` carry it
+    too): a reader never takes a chunk of an id's earlier life as its own."""
 
     request_id: str
     seq: int
@@ -212,6 +219,7 @@ class Chunk(_Message):
     data: bytes | None = None
     offset: int = -1
     eos: bool = False
+    life: int = 0
 
 
 class Lost(_Message):
@@ -220,6 +228,7 @@ class Lost(_Message):
 
     request_id: str
     reason: str
+    life: int = 0
 
 
 class Waiting(_Message):
@@ -233,6 +242,7 @@ class Drop(_Message):
     """The sender released ``request_id``: a reader that never ran it can forget it."""
 
     request_id: str
+    life: int = 0
 
 
 class Ack(_Message):

@@ -23,6 +23,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -105,6 +106,7 @@ class _Request:
         "inbox_receive",
         "inbox_send",
         "inside",
+        "life",
         "running",
         "scope",
         "sent",
@@ -118,20 +120,29 @@ class _Request:
         self.running = False  # its engine was started, and has not ended
         self.finished = False  # its engine has ended: nothing will read its chunks
         self.inside = False  # its engine is past the gate (computing)
+        self.life = 0  # its Submit's (0: not submitted yet, or no connector)
         self.upstream_done = False  # its end of stream arrived: nothing more can be lost
         self.expected = 0  # the seq of the next upstream chunk
         self.eof = False  # the engine has read to the end
         self.broken: str | None = None  # why chunks are missing, once they are
 
-    def drain(self) -> None:
-        """Nothing will read what waits in the inbox: acknowledge it."""
+    def drain(self, keep: Callable[[int], bool] = lambda life: False) -> None:
+        """Drop what waits in the inbox (acknowledging it), but for the notices of
+        the lives ``keep`` says to keep."""
+        kept = []
         while True:
             try:
                 notice, link = self.inbox_receive.receive_nowait()
             except trio.WouldBlock:
-                return
-            if link is not None and isinstance(notice, wire.Chunk) and not notice.eos:
+                break
+            if keep(notice.life):
+                kept.append((notice, link))
+            elif link is not None and isinstance(notice, wire.Chunk) and not notice.eos:
                 link.ack(notice.request_id, notice.offset)
+        self.upstream_done = False
+        for notice, link in kept:
+            self.upstream_done |= isinstance(notice, wire.Chunk) and notice.eos
+            self.inbox_send.send_nowait((notice, link))
 
 
 class _ChunkIO:
@@ -158,12 +169,12 @@ class _ChunkIO:
         seq = request.sent
         request.sent += 1
         for link in worker.outlinks:
-            await link.send(self._request_id, seq, view)
+            await link.send(self._request_id, seq, view, request.life)
         await trio.lowlevel.cancel_shielded_checkpoint()
 
     async def end(self) -> None:
         for link in self._worker.outlinks:
-            await link.end(self._request_id, self._request.sent)
+            await link.end(self._request_id, self._request.sent, self._request.life)
 
     def __aiter__(self) -> _ChunkIO:
         return self
@@ -225,9 +236,10 @@ class _Worker:
         self.outlinks: list[OutLink] = []
         self.inlinks: set[InLink] = set()
         self.requests: dict[str, _Request] = {}
-        #: Recently released ids, oldest first: chunks that trail their request's
-        #: release are dropped instead of starting a request that never ends.
-        self.released: dict[str, None] = {}
+        #: Recently released ids, oldest first, and the life they were in: chunks
+        #: that trail their request's release are dropped instead of starting a
+        #: request that never ends.
+        self.released: dict[str, int] = {}
 
     def _request(self, request_id: str) -> _Request:
         known = self.requests.get(request_id)
@@ -242,6 +254,8 @@ class _Worker:
         if kind is wire.Submit:
             self.released.pop(message.request_id, None)  # the id's next life
             request = self._request(message.request_id)
+            life = request.life = message.life
+            request.drain(keep=lambda of: of == life)  # not what an earlier life left
             request.running = True  # from now on its engine acknowledges its chunks
             nursery.start_soon(self._run, message.request_id, message.inputs, request)
         elif kind is wire.Abort:
@@ -274,7 +288,10 @@ class _Worker:
         elif kind is wire.Drop:
             request = self.requests.get(frame.request_id)
             if request is not None and not request.running and not request.finished:
-                self.release(frame.request_id)  # never submitted here: nobody else will
+                # Never submitted here: nobody else will release what that life left.
+                request.drain(keep=lambda of: of > frame.life)
+                if not request.inbox_receive.statistics().current_buffer_used:
+                    self.release(frame.request_id, frame.life)
         elif kind is wire.Ring:
             try:
                 link.ring = RingReader.open(frame.name)
@@ -284,8 +301,13 @@ class _Worker:
             raise wire.ProtocolError(f"unexpected {kind.__name__} on a chunk link")
 
     def _on_notice(self, link: InLink, notice: wire.Chunk | wire.Lost) -> None:
-        request_id = notice.request_id
-        request = None if request_id in self.released else self._request(request_id)
+        request_id, life = notice.request_id, notice.life
+        released = self.released.get(request_id)
+        request = None
+        if released is None or life > released:  # not of a life that has ended here
+            request = self._request(request_id)
+            if request.life and life != request.life:
+                request = None  # a chunk of an earlier life of the id: never this one's
         if isinstance(notice, wire.Lost):
             if request is not None and not request.finished and not request.upstream_done:
                 request.inbox_send.send_nowait((notice, None))  # else: every chunk arrived
@@ -306,9 +328,10 @@ class _Worker:
         taken: wire.Chunk | wire.Lost = notice
         if notice.offset >= 0:
             try:
-                taken = wire.Chunk(request_id, notice.seq, notice.size, data=link.read(notice))
+                data = link.read(notice)
+                taken = wire.Chunk(request_id, notice.seq, notice.size, data=data, life=life)
             except (RingError, wire.ProtocolError) as exc:
-                taken = wire.Lost(request_id, f"chunk {notice.seq}: {exc}")
+                taken = wire.Lost(request_id, f"chunk {notice.seq}: {exc}", life)
         link.ack(request_id, notice.offset)
         request.inbox_send.send_nowait((taken, None))
 
@@ -322,15 +345,18 @@ class _Worker:
 
     # -- requests ---------------------------------------------------------------------------
 
-    def release(self, request_id: str) -> None:
-        self.released[request_id] = None
-        if len(self.released) > _REMEMBER_RELEASED:
-            del self.released[next(iter(self.released))]
+    def release(self, request_id: str, life: int = 0) -> None:
+        """The request (up to its life ``life``, or its Submit's) has ended here:
+        forget it, and drop its chunks that still come."""
         request = self.requests.pop(request_id, None)
         if request is not None:
+            life = max(life, request.life)
             request.scope.cancel()
             request.finished = True
             request.drain()
+        self.released[request_id] = max(life, self.released.pop(request_id, 0))
+        if len(self.released) > _REMEMBER_RELEASED:
+            del self.released[next(iter(self.released))]
         for link in self.outlinks:
             link.release(request_id)
 
