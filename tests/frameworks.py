@@ -19,12 +19,23 @@ import pytest
 from omni_trio.compare.frameworks import ASYNCIO, ASYNCIO_PLAIN, TRIO
 
 FRAMEWORKS = [TRIO, ASYNCIO, ASYNCIO_PLAIN]
+#: The orchestrators that take outputs in batches too (``next_outputs()``,
+#: ``receive_batch()``); the plain design takes one output per await.
+BATCHED = [fw for fw in FRAMEWORKS if fw.batches]
 
 
 def both(test: Callable[..., Any]) -> Callable[..., Any]:
     """Run ``async def test(fw, ...)`` once per orchestrator, in virtual time."""
+    return _over(FRAMEWORKS, test)
 
-    @pytest.mark.parametrize("fw", FRAMEWORKS, ids=lambda fw: fw.name)
+
+def batched(test: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``async def test(fw, ...)`` once per orchestrator in :data:`BATCHED`."""
+    return _over(BATCHED, test)
+
+
+def _over(frameworks: list[Any], test: Callable[..., Any]) -> Callable[..., Any]:
+    @pytest.mark.parametrize("fw", frameworks, ids=lambda fw: fw.name)
     @functools.wraps(test)
     def run(*args: Any, **kwargs: Any) -> Any:  # pytest passes fixtures by name
         return kwargs["fw"].run(functools.partial(test, *args, **kwargs), virtual_time=True)

@@ -62,6 +62,31 @@ class Outbox(OutboxBase):
             await trio.lowlevel.cancel_shielded_checkpoint()
         return buffer.popleft()
 
+    async def get_batch(self) -> list[OrchOutput]:
+        """Every output waiting, at least one: waits for it if there is none.
+
+        One cancellation point, as :meth:`get`; outputs count towards ``YIELD_EVERY``
+        one by one, so a call first yields if that many were taken since the last
+        yield. Raises ``trio.EndOfChannel`` once closed and empty.
+        """
+        if not self._buffer:
+            try:
+                self._take(self._receive.receive_nowait())
+            except trio.WouldBlock:
+                self._take(await self._receive.receive())  # waits: a full checkpoint
+                self._since_yield = 0
+                return self._take_counted()
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if self._since_yield >= YIELD_EVERY:
+            self._since_yield = 0
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        return self._take_counted()
+
+    def _take_counted(self) -> list[OrchOutput]:
+        outputs = self.take_ready()
+        self._since_yield += len(outputs)
+        return outputs
+
     @staticmethod
     async def checkpoint() -> None:
         await trio.lowlevel.checkpoint()

@@ -93,6 +93,8 @@ class _Outbox(Sink, Protocol):
 
     async def get(self) -> OrchOutput: ...
 
+    async def get_batch(self) -> list[OrchOutput]: ...
+
     async def checkpoint(self) -> None: ...
 
     def end_of_stream(self) -> Exception: ...
@@ -158,17 +160,21 @@ class StreamBase:
         too, up to the terminal: one cancellation point for the lot.
 
         A consumer that writes to a socket sends one write per batch instead of one
-        per output.
+        per output. The scheduling guarantees of taking outputs one at a time hold
+        per output taken: a call yields to the scheduler when it has to wait, and
+        otherwise first yields if 64 or more outputs were taken since the last time
+        it did.
 
         Raises:
           trio.EndOfChannel: (the asyncio twin: ``EndOfOutputs``) the terminal output
               was already received.
         """
-        batch = [await self.receive()]
-        if self.terminal is None:
-            batch += self._outbox.take_ready()
-            if batch[-1].finished:
-                self.terminal = batch[-1]
+        if self.terminal is not None:
+            await self._outbox.checkpoint()
+            raise self._outbox.end_of_stream()
+        batch = await self._outbox.get_batch()
+        if batch[-1].finished:  # the terminal is a request's last output
+            self.terminal = batch[-1]
         return batch
 
     async def receive(self) -> OrchOutput:

@@ -54,6 +54,8 @@ class Framework:
       Closed: What an admission after the block raises.
       run: ``run(fn, virtual_time=False)``: run ``fn()`` to completion on a fresh
           loop; with ``virtual_time``, time jumps whenever every task waits for it.
+      batches: Whether its consumers can take outputs in batches
+          (``next_outputs()``, ``receive_batch()``); the plain design cannot.
     """
 
     name: str
@@ -70,6 +72,7 @@ class Framework:
     EndOfOutputs: type[BaseException]
     Closed: type[BaseException]
     run: Callable[..., Any]
+    batches: bool = True
 
 
 def _trio_outputs() -> tuple[Callable[[Any], None], Any]:
@@ -163,7 +166,7 @@ ASYNCIO = Framework(
 ASYNCIO_UVLOOP = attrs.evolve(ASYNCIO, name="asyncio+uvloop", run=_run_uvloop)
 
 ASYNCIO_PLAIN = attrs.evolve(
-    ASYNCIO, name="asyncio-plain", open_orchestrator=open_plain_asyncio_orchestrator
+    ASYNCIO, name="asyncio-plain", open_orchestrator=open_plain_asyncio_orchestrator, batches=False
 )
 
 FRAMEWORKS = {fw.name: fw for fw in (TRIO, ASYNCIO, ASYNCIO_UVLOOP, ASYNCIO_PLAIN)}
