@@ -110,6 +110,29 @@ async def take_batch(orch, stream):
     return await (orch.next_outputs() if stream is None else stream.receive_batch())
 
 
+class Steps(trio.abc.Instrument):
+    """Counts the steps of the task that creates it: it took one more each time it
+    yielded to the scheduler and was resumed."""
+
+    def __init__(self) -> None:
+        self.task = trio.lowlevel.current_task()
+        self.count = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is self.task:
+            self.count += 1
+
+
+@asynccontextmanager
+async def counting_steps():
+    steps = Steps()
+    trio.lowlevel.add_instrument(steps)
+    try:
+        yield steps
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+
+
 @pytest.mark.parametrize("streamed", [False, True], ids=["next_outputs", "receive_batch"])
 async def test_a_batch_is_a_cancellation_point_even_when_outputs_wait(streamed):
     stage = ScriptedStage()
@@ -154,20 +177,22 @@ async def test_a_batch_consumer_under_a_constant_backlog_still_lets_others_run(s
                     i += 1
                 await trio.lowlevel.checkpoint()
 
-        async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as nursery, counting_steps() as steps:
             nursery.start_soon(producer)
             nursery.start_soon(ticker)
-            taken, seen = [], []
+            taken, yielded = [], []
             for _ in range(50):
-                before = ticks
+                before = steps.count
                 taken += await take_batch(orch, stream)
-                seen.append(ticks - before)
+                yielded.append(steps.count - before)
             nursery.cancel_scope.cancel()
-        # Every output, in order, and the ticker ran during every batch but the
-        # first: the consumer never took two batches in a row without yielding.
+        # Every output, in order; every call but the first yielded to the scheduler
+        # (the consumer never took two batches in a row without letting others run),
+        # and the ticker ran about once per batch.
         assert [o.data for o in taken] == list(range(len(taken)))
         assert len(taken) > 50 * 64
-        assert all(seen[1:]), seen
+        assert all(yielded[1:]), yielded
+        assert ticks >= 49
 
 
 async def test_outputs_taken_in_a_batch_count_towards_the_periodic_yield():
@@ -185,15 +210,15 @@ async def test_outputs_taken_in_a_batch_count_towards_the_periodic_yield():
                 ticks += 1
                 await trio.lowlevel.checkpoint()
 
-        async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as nursery, counting_steps() as steps:
             nursery.start_soon(ticker)
             assert len(await orch.next_outputs()) == 1000
-            assert ticks == 0  # fewer than 64 taken since the last yield: no yield
+            assert (ticks, steps.count) == (0, 0)  # fewer than 64 taken since a yield
             stage.emit_nowait("r", "more")
             while not orch.statistics().outputs_ready:  # our own yields: the ticker
                 await trio.lowlevel.checkpoint()  # runs, and so do reader and handler
-            before = ticks
+            before = steps.count
             assert [o.data for o in await orch.next_outputs()] == ["more"]
             # 1,000 taken since the last yield this call made: it yielded first.
-            assert ticks > before
+            assert steps.count == before + 1
             nursery.cancel_scope.cancel()
