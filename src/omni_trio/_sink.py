@@ -2,10 +2,10 @@
 part of an outbox and of a request's stream.
 
 The handler hands each destination (``next_output()``'s outbox, a request's stream)
-one list per flush instead of one message per output, and the consumer takes them one
-at a time from a local buffer. Each driver supplies the channel that carries the
-lists and the waiting (``omni_trio._outbox`` for Trio, the asyncio twin's own); the
-bookkeeping lives here, once.
+one list per flush instead of one message per output, and the consumer takes them,
+one at a time or all at once, from a local buffer. Each driver supplies how the lists
+reach that buffer and the waiting (``omni_trio._outbox`` for Trio, straight into the
+buffer; the asyncio twin's, through a queue); the bookkeeping lives here, once.
 """
 
 from __future__ import annotations
@@ -38,12 +38,12 @@ class OutboxBase:
     def __init__(self) -> None:
         self._pending: list[OrchOutput] = []  # the handler's, until the flush ends
         self._buffer: deque[OrchOutput] = deque()  # the consumer's
-        self._in_channel = 0  # outputs sent in batches, not yet taken into the buffer
+        self._in_channel = 0  # outputs sent in batches, not yet in the buffer
 
     # -- what a driver's subclass supplies --------------------------------------------
 
     def _send_batch(self, batch: list[OrchOutput]) -> None:
-        """Put ``batch`` on the channel (never blocks)."""
+        """Hand ``batch`` on towards the consumer's buffer (never blocks)."""
         raise NotImplementedError
 
     def _close_channel(self) -> None:

@@ -118,50 +118,60 @@ async def _get_batch(queue: asyncio.Queue[T]) -> list[T]:
 
 
 class _Outbox(OutboxBase):
-    """Outputs for one consumer, a batch per handler flush (see ``omni_trio._sink``)."""
+    """Outputs for one consumer, a batch per handler flush (see ``omni_trio._sink``).
 
-    __slots__ = ("_queue",)
+    As in the Trio driver, handler and consumers share a thread: a flush puts its
+    batch straight into the consumer's buffer and wakes the consumers waiting for one.
+    """
+
+    __slots__ = ("_closed", "_waiters")
 
     def __init__(self) -> None:
         super().__init__()
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._waiters: list[asyncio.Future[None]] = []
+        self._closed = False
 
     def _send_batch(self, batch: list[OrchOutput]) -> None:
-        self._queue.put_nowait(batch)
+        self._take(batch)  # straight into the buffer: nothing is ever in between
+        if self._waiters:
+            self._wake()
 
     def _close_channel(self) -> None:
-        self._queue.put_nowait(END_OF_OUTPUTS)
+        self._closed = True
+        self._wake()
 
-    def _batch(self, item: Any) -> list[OrchOutput] | None:
-        """``item`` from the queue as a batch, or ``None`` at the end (which stays)."""
-        if item is END_OF_OUTPUTS:
-            self._queue.put_nowait(END_OF_OUTPUTS)  # for the next caller
-            return None
-        return item  # type: ignore[no-any-return]
+    def _wake(self) -> None:
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters.clear()
 
     def _receive_batch_nowait(self) -> list[OrchOutput] | None:
-        try:
-            return self._batch(self._queue.get_nowait())
-        except asyncio.QueueEmpty:
-            return None
+        return None  # batches go straight into the buffer
+
+    async def _wait(self) -> None:
+        """Wait until the buffer holds an output (if cancelled, it took nothing).
+        Raises :class:`EndOfOutputs` once closed and empty."""
+        while not self._buffer:
+            if self._closed:
+                raise EndOfOutputs("the orchestrator has shut down")
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if not waiter.done():  # cancelled: no longer waiting
+                    self._waiters.remove(waiter)
 
     async def get(self) -> OrchOutput:
         if not self._buffer:
-            batch = self._batch(await self._queue.get())
-            if batch is None:
-                raise EndOfOutputs("the orchestrator has shut down")
-            self._take(batch)
+            await self._wait()
         return self._buffer.popleft()
 
     async def get_batch(self) -> list[OrchOutput]:
         """Every output waiting, at least one: waits for it if there is none."""
         if not self._buffer:
-            batch = self._receive_batch_nowait()
-            if batch is None:
-                batch = self._batch(await self._queue.get())
-                if batch is None:
-                    raise EndOfOutputs("the orchestrator has shut down")
-            self._take(batch)
+            await self._wait()
         return self.take_ready()
 
     @staticmethod
