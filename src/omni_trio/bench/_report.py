@@ -173,8 +173,9 @@ def print_report(report: dict[str, Any]) -> None:
     )
     if PLAIN in impls:
         console.print(
-            f"{PLAIN}: the plain design, one item per asyncio.Queue hop, scenarios 1 and 2 "
-            "only; it has no batches: (in parentheses) its one output per await."
+            f"{PLAIN}: the plain design (one item per asyncio.Queue hop), scenarios 1 and 2 "
+            "only. It has no batches: its batch cells (in parentheses) repeat its one output "
+            "per await, and the goals against it weigh Trio's batches."
         )
     for goal, value in report["goals"].items():
         verdict = "met" if met(goal, value) else "not met"
