@@ -169,7 +169,15 @@ async def throughput(
                 await orch.add_request(rid, None)
             ended = 0
             while ended < n:
-                for out in await orch.next_outputs() if batches else [await orch.next_output()]:
+                if batches:
+                    for out in await orch.next_outputs():
+                        rid = out.request_id
+                        seen[rid] += 1
+                        if out.finished:
+                            ended += 1
+                            ends[rid] = (out, seen[rid])
+                else:  # (the same, without a list per output)
+                    out = await orch.next_output()
                     rid = out.request_id
                     seen[rid] += 1
                     if out.finished:
