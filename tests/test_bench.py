@@ -1,4 +1,5 @@
-"""``python -m omni_trio.bench`` without the bench extra: one line, status 2."""
+"""The benchmark: its checks of what it measures, and ``python -m omni_trio.bench``
+without the bench extra (one line, status 2)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from pathlib import Path
 import pytest
 
 import omni_trio
+from frameworks import FRAMEWORKS
+from omni_trio.bench._workloads import BenchError, BenchStage, throughput
+from omni_trio.compare.frameworks import Framework
 
 # Runs the module as ``python -m`` would, with the package made unimportable the way
 # an environment without it is: ``import pyinstrument`` raises ModuleNotFoundError.
@@ -47,3 +51,34 @@ def test_a_missing_bench_dependency_says_what_to_install(
         f"python -m omni_trio.bench: {needed_by} needs {missing}, which is not installed: "
         "pip install 'omni-trio[bench]' (from a checkout: pip install '.[bench]')"
     ]
+
+
+@pytest.mark.parametrize("fw", FRAMEWORKS, ids=lambda fw: fw.name)
+@pytest.mark.parametrize(
+    ("streams", "batches"),
+    [(False, False), (False, True), (True, False), (True, True)],
+    ids=["next_output", "next_outputs", "async-for", "receive_batch"],
+)
+def test_throughput_checks_that_every_request_got_all_its_outputs(
+    fw: Framework, streams: bool, batches: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if batches and not fw.batches:
+        pytest.skip("the plain design has no batches")
+
+    def run() -> float:
+        return float(
+            fw.run(
+                lambda: throughput(fw, 4, 10, streams=streams, mode="async_chunk", batches=batches)
+            )
+        )
+
+    assert run() > 0  # the real thing passes the check
+    prepare = BenchStage.prepare
+
+    def losing_one(self: BenchStage, request_ids: list[str]) -> None:
+        prepare(self, request_ids)
+        del self.prepared["r2"][3]  # stages 0 and 2 are final: r2 gets 18 of its 20
+
+    monkeypatch.setattr(BenchStage, "prepare", losing_one)
+    with pytest.raises(BenchError, match=rf"^{fw.name}: request 'r2' got 18 outputs, 20 expected"):
+        run()

@@ -57,7 +57,14 @@ def test_bench_quick_smoke(capsys):
         assert set(result["per_event_cost"]) == {"10", "100", "1000", "10000"}
         assert 0 < result["latency"]["p50"] <= result["latency"]["p99"] <= result["latency"]["max"]
         assert result["memory_per_request"] > 0
+        assert result["throughput_streams_batches"] > 0
+    # The plain design: scenarios 1 and 2, one output per await, and the goals against it.
+    assert set(report["results"]["asyncio-plain"]) == {
+        "throughput_next_output",
+        "throughput_streams",
+    }
     assert "latency p99 <= 1 ms" in report["goals"]
+    assert "throughput_streams vs plain asyncio >= 1.2" in report["goals"]
 
 
 def test_compare_exits_1_when_an_outcome_is_not_the_documented_one(capsys, monkeypatch):

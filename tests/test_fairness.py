@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+
 import pytest
 import trio
 import trio.testing
@@ -87,3 +89,136 @@ async def test_next_output_is_a_cancellation_point_even_when_outputs_wait():
             pytest.fail("next_output() did not raise Cancelled")  # pragma: no cover
         assert scope.cancelled_caught
         assert (await orch.next_output()).data == "a"  # nothing was taken
+
+
+# -- taking outputs in batches keeps both guarantees -------------------------------------
+
+
+@asynccontextmanager
+async def admitted(orch, streamed):
+    """Admit request ``"r"``; yield its stream if ``streamed``, else ``None``."""
+    if streamed:
+        async with orch.open_request("p", request_id="r") as stream:
+            yield stream
+    else:
+        await orch.add_request("r", "p")
+        yield None
+
+
+async def take_batch(orch, stream):
+    """One batch from ``stream`` if given, else from ``next_outputs()``."""
+    return await (orch.next_outputs() if stream is None else stream.receive_batch())
+
+
+class Steps(trio.abc.Instrument):
+    """Counts the steps of the task that creates it: it took one more each time it
+    yielded to the scheduler and was resumed."""
+
+    def __init__(self) -> None:
+        self.task = trio.lowlevel.current_task()
+        self.count = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is self.task:
+            self.count += 1
+
+
+@asynccontextmanager
+async def counting_steps():
+    steps = Steps()
+    trio.lowlevel.add_instrument(steps)
+    try:
+        yield steps
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["next_outputs", "receive_batch"])
+async def test_a_batch_is_a_cancellation_point_even_when_outputs_wait(streamed):
+    stage = ScriptedStage()
+    async with (
+        open_orchestrator([stage], {0}, prewarm_fn=warm) as orch,
+        admitted(orch, streamed) as stream,
+    ):
+        stage.emit_nowait("r", "a")
+        stage.emit_nowait("r", "b")
+        await trio.testing.wait_all_tasks_blocked()
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await take_batch(orch, stream)
+            pytest.fail("the batch did not raise Cancelled")  # pragma: no cover
+        assert scope.cancelled_caught
+        stage.emit_nowait("r", "c", finished=True)
+        await trio.testing.wait_all_tasks_blocked()
+        # Nothing was taken: the next batch has all of them, in order.
+        assert [o.data for o in await take_batch(orch, stream)] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["next_outputs", "receive_batch"])
+async def test_a_batch_consumer_under_a_constant_backlog_still_lets_others_run(streamed):
+    stage = ScriptedStage()
+    async with (
+        open_orchestrator([stage], {0}, prewarm_fn=warm) as orch,
+        admitted(orch, streamed) as stream,
+    ):
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await trio.lowlevel.checkpoint()
+
+        async def producer():
+            i = 0
+            while True:  # 100 more outputs every time it runs: the backlog never ends
+                for _ in range(100):
+                    stage.emit_nowait("r", i)
+                    i += 1
+                await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as nursery, counting_steps() as steps:
+            nursery.start_soon(producer)
+            nursery.start_soon(ticker)
+            taken, yielded = [], []
+            for _ in range(50):
+                before = steps.count
+                taken += await take_batch(orch, stream)
+                yielded.append(steps.count - before)
+            nursery.cancel_scope.cancel()
+        # Every output, in order; every call but the first yielded to the scheduler
+        # (the consumer never took two batches in a row without letting others run),
+        # and the ticker ran about once per batch.
+        assert [o.data for o in taken] == list(range(len(taken)))
+        assert len(taken) > 50 * 64
+        assert all(yielded[1:]), yielded
+        assert ticks >= 49
+
+
+async def test_outputs_taken_in_a_batch_count_towards_the_periodic_yield():
+    stage = ScriptedStage()
+    async with open_orchestrator([stage], {0}, prewarm_fn=warm) as orch:
+        await orch.add_request("r", "p")
+        for i in range(1000):
+            stage.emit_nowait("r", i)
+        await trio.testing.wait_all_tasks_blocked()
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as nursery, counting_steps() as steps:
+            nursery.start_soon(ticker)
+            assert len(await orch.next_outputs()) == 1000
+            assert (ticks, steps.count) == (0, 0)  # fewer than 64 taken since a yield
+            stage.emit_nowait("r", "more")
+            while not orch.statistics().outputs_ready:  # our own yields: the ticker
+                await trio.lowlevel.checkpoint()  # runs, and so do reader and handler
+            before = steps.count
+            assert [o.data for o in await orch.next_outputs()] == ["more"]
+            # 1,000 taken since the last yield this call made: it yielded first.
+            assert steps.count == before + 1
+            nursery.cancel_scope.cancel()

@@ -31,6 +31,7 @@ LAYERS = [
             "testing",
             "compare.asyncio_orchestrator",
             "compare.asyncio_testing",
+            "compare.plain_asyncio",
             "compare.frameworks",
             "compare.scenarios",
         },
@@ -137,11 +138,16 @@ def test_the_library_never_imports_the_application(name):
     assert not {t for t in ours if t.startswith(APP)}
 
 
-def test_the_asyncio_twin_imports_no_trio():
-    for name in ("compare.asyncio_orchestrator",):
+def test_the_asyncio_drivers_import_no_trio():
+    # The plain design is the twin with other hops: it stands on the twin alone.
+    for name, may_use in [
+        ("compare.asyncio_orchestrator", set()),
+        ("compare.plain_asyncio", {"compare.asyncio_orchestrator"}),
+    ]:
         ours, theirs = imports_of(name, ALL[name])
         assert "trio" not in theirs
-        assert not {t for t in ours if layer_of(t) == 3}, "it must not lean on the Trio driver"
+        drivers = {t for t in ours if layer_of(t) == 3}
+        assert drivers <= may_use, f"{name} must not lean on the Trio driver"
 
 
 def test_a_worker_process_loads_only_what_it_needs():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from frameworks import both
+from frameworks import batched, both
 from helpers import join_forward, view, warm
 from omni_trio import OrchOutput, StageOutput
 
@@ -414,3 +414,53 @@ def test_the_twins_stream_cancelled_in_its_block_holds_its_aborted_terminal():
             assert stream.terminal.metrics.e2e_latency == 1
 
     run_with_virtual_time(main)
+
+
+# -- outputs in batches ------------------------------------------------------------------
+
+
+@batched
+async def test_next_outputs_takes_what_next_output_would_in_the_same_order(fw):
+    stages = pipeline(fw, 1)
+    async with fw.open_orchestrator(stages, {0}, prewarm_fn=warm) as orch:
+        await orch.add_request("a", "p")
+        await orch.add_request("b", "p")
+        await fw.settle()
+        for data in range(3):
+            stages[0].emit_nowait("a", data)
+            stages[0].emit_nowait("b", data)
+        await fw.settle()
+        first = await orch.next_output()  # the two mix
+        batch = await orch.next_outputs()
+        assert [(o.request_id, o.data) for o in [first, *batch]] == [
+            (rid, data) for data in range(3) for rid in "ab"
+        ]
+        await stages[0].emit("a", "end", finished=True)
+        [terminal] = await orch.next_outputs()  # waits for the next one
+        assert (terminal.request_id, terminal.finish_reason) == ("a", "completed")
+        await orch.abort("b")
+        [aborted] = await orch.next_outputs()
+        assert (aborted.request_id, aborted.finish_reason) == ("b", "aborted")
+    with pytest.raises(fw.EndOfOutputs):
+        await orch.next_outputs()
+
+
+@batched
+async def test_receive_batch_ends_with_the_terminal(fw):
+    stages = pipeline(fw, 1)
+    async with (
+        fw.open_orchestrator(stages, {0}, prewarm_fn=warm) as orch,
+        orch.open_request("p", request_id="r") as stream,
+    ):
+        await fw.settle()
+        for data in ("a", "b"):
+            stages[0].emit_nowait("r", data)
+        await fw.settle()
+        assert [o.data for o in await stream.receive_batch()] == ["a", "b"]
+        assert stream.terminal is None
+        await stages[0].emit("r", "c", finished=True)
+        batch = await stream.receive_batch()
+        assert [(o.data, o.finished) for o in batch] == [("c", True)]
+        assert stream.terminal is batch[-1]
+        with pytest.raises(fw.EndOfOutputs):
+            await stream.receive_batch()

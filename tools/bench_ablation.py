@@ -10,8 +10,6 @@ Run: python tools/bench_ablation.py
 
 from __future__ import annotations
 
-import trio
-
 import omni_trio._outbox as outbox
 from omni_trio.bench._workloads import per_event_cost, throughput
 from omni_trio.compare.frameworks import ASYNCIO, TRIO, Framework
@@ -20,10 +18,7 @@ from omni_trio.compare.frameworks import ASYNCIO, TRIO, Framework
 async def get_without_guarantees(self: outbox.Outbox) -> object:
     buffer = self._buffer
     if not buffer:
-        try:
-            self._take(self._receive.receive_nowait())
-        except trio.WouldBlock:
-            self._take(await self._receive.receive())
+        await self._wait()
     return buffer.popleft()
 
 

@@ -223,14 +223,15 @@ class Dispatcher:
         streams = self.streams
         results = self._results
         slots = self._slots
-        touched: list[Sink] = []
+        touched: list[Sink] = []  # streams to flush (a request's outputs come in runs)
         for output in core.take_outputs():
             stream = streams.get(output.request_id) if streams else None
             if stream is None:
                 results.put(output)
             else:
                 stream.put(output)
-                touched.append(stream)
+                if not touched or touched[-1] is not stream:
+                    touched.append(stream)
             if output.finished:
                 if stream is not None:
                     del streams[output.request_id]

@@ -2,10 +2,10 @@
 part of an outbox and of a request's stream.
 
 The handler hands each destination (``next_output()``'s outbox, a request's stream)
-one list per flush instead of one message per output, and the consumer takes them one
-at a time from a local buffer. Each driver supplies the channel that carries the
-lists and the waiting (``omni_trio._outbox`` for Trio, the asyncio twin's own); the
-bookkeeping lives here, once.
+one list per flush instead of one message per output, and the consumer takes them,
+one at a time or all at once, from a local buffer. Each driver supplies how the lists
+reach that buffer and the waiting (``omni_trio._outbox`` for Trio, straight into the
+buffer; the asyncio twin's, through a queue); the bookkeeping lives here, once.
 """
 
 from __future__ import annotations
@@ -38,12 +38,12 @@ class OutboxBase:
     def __init__(self) -> None:
         self._pending: list[OrchOutput] = []  # the handler's, until the flush ends
         self._buffer: deque[OrchOutput] = deque()  # the consumer's
-        self._in_channel = 0  # outputs sent in batches, not yet taken into the buffer
+        self._in_channel = 0  # outputs sent in batches, not yet in the buffer
 
     # -- what a driver's subclass supplies --------------------------------------------
 
     def _send_batch(self, batch: list[OrchOutput]) -> None:
-        """Put ``batch`` on the channel (never blocks)."""
+        """Hand ``batch`` on towards the consumer's buffer (never blocks)."""
         raise NotImplementedError
 
     def _close_channel(self) -> None:
@@ -92,6 +92,8 @@ class _Outbox(Sink, Protocol):
     """What a stream needs from its driver's outbox (and the handler, as a sink)."""
 
     async def get(self) -> OrchOutput: ...
+
+    async def get_batch(self) -> list[OrchOutput]: ...
 
     async def checkpoint(self) -> None: ...
 
@@ -158,17 +160,21 @@ class StreamBase:
         too, up to the terminal: one cancellation point for the lot.
 
         A consumer that writes to a socket sends one write per batch instead of one
-        per output.
+        per output. The scheduling guarantees of taking outputs one at a time hold
+        per output taken: a call yields to the scheduler when it has to wait, and
+        otherwise first yields if 64 or more outputs were taken since the last time
+        it did.
 
         Raises:
           trio.EndOfChannel: (the asyncio twin: ``EndOfOutputs``) the terminal output
               was already received.
         """
-        batch = [await self.receive()]
-        if self.terminal is None:
-            batch += self._outbox.take_ready()
-            if batch[-1].finished:
-                self.terminal = batch[-1]
+        if self.terminal is not None:
+            await self._outbox.checkpoint()
+            raise self._outbox.end_of_stream()
+        batch = await self._outbox.get_batch()
+        if batch[-1].finished:  # the terminal is a request's last output
+            self.terminal = batch[-1]
         return batch
 
     async def receive(self) -> OrchOutput:

@@ -17,7 +17,8 @@ class RequestStream(StreamBase):
     which is also kept in :attr:`terminal`. Get one from
     :meth:`Orchestrator.open_request`. Taking an output is always a cancellation
     point; it yields to the scheduler when none is waiting, and at least once every
-    64 outputs otherwise.
+    64 outputs otherwise. :meth:`receive_batch` takes every output waiting at once,
+    with one cancellation point for the lot.
 
     Attributes:
       request_id: The request's id (generated when :meth:`~Orchestrator.open_request`

@@ -1,8 +1,10 @@
 """``omni-trio bench``: run the workloads once per implementation and report them.
 
 Each implementation runs in a process of its own (``python -m omni_trio.bench --impl
-NAME``), Trio first: its scenario 1 sets scenario 5's offered load for everyone.
-Then the process scenarios run, each beside its floor (see
+NAME``), Trio first: its scenario 1 sets scenario 5's offered load for everyone. The
+plain asyncio design (one item per queue hop) runs last, and only scenarios 1 and 2:
+it is the yardstick of issue 12's goals, not a third orchestrator to weigh. Then the
+process scenarios run, each beside its floor (see
 :mod:`omni_trio.bench._process_report`); the report holds them under ``"process"``.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from importlib.metadata import version
@@ -24,10 +27,15 @@ from ._process_report import header, print_process_report, run_process_bench
 
 __all__ = ["goals", "print_report", "run_bench"]
 
+#: The plain asyncio design: scenarios 1 and 2 only, one output per await.
+PLAIN = "asyncio-plain"
+
 #: (key in a result, label, how to print it)
 ROWS = [
     ("throughput_next_output", "1. throughput, next_output() (events/s)", "rate"),
+    ("throughput_next_output_batches", "   in batches: next_outputs()", "rate"),
     ("throughput_streams", "2. throughput, per-request streams (events/s)", "rate"),
+    ("throughput_streams_batches", "   in batches: receive_batch()", "rate"),
     ("throughput_forward", "3. throughput, forward mode (events/s)", "rate"),
     ("per_event_cost.10", "4. cost per event, 10 in flight", "time"),
     ("per_event_cost.100", "   100 in flight", "time"),
@@ -64,12 +72,15 @@ def _run_inprocess(*, quick: bool, command: str) -> dict[str, Any] | None:
     implementations = ["trio", "asyncio"]
     if find_spec("uvloop") is not None:
         implementations.append("asyncio+uvloop")
+    implementations.append(PLAIN)
     results: dict[str, Any] = {}
     console = Console(stderr=True)
     for impl in implementations:  # trio first: its scenario 1 sets scenario 5's load
         argv = [sys.executable, "-m", "omni_trio.bench", "--impl", impl]
         if quick:
             argv.append("--quick")
+        if impl == PLAIN:
+            argv.append("--throughput-only")
         if "trio" in results:
             load = results["trio"]["throughput_next_output"] / 2
             argv += ["--latency-load", str(load)]
@@ -101,11 +112,14 @@ def goals(results: dict[str, Any]) -> dict[str, Any]:
     """The figures the project holds itself to, from a run's results."""
     trio_r, aio = results["trio"], results["asyncio"]
     uv = results.get("asyncio+uvloop")
+    plain = results.get(PLAIN)
     found: dict[str, Any] = {}
     for key in ("throughput_next_output", "throughput_streams"):
         found[f"{key} vs asyncio >= 1.2"] = trio_r[key] / aio[key]
         if uv is not None:
             found[f"{key} vs uvloop >= 1.0"] = trio_r[key] / uv[key]
+        if plain is not None:  # Trio in batches; the plain design has none
+            found[f"{key} vs plain asyncio >= 1.2"] = trio_r[f"{key}_batches"] / plain[key]
     cost = trio_r["per_event_cost"]
     found["per-event cost 10,000 / 10 <= 1.25"] = cost["10000"] / cost["10"]
     found["latency p99 <= 1 ms"] = trio_r["latency"]["p99"] * 1e3
@@ -113,11 +127,25 @@ def goals(results: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
-def _lookup(result: dict[str, Any], key: str) -> float:
+def _lookup(result: dict[str, Any], key: str) -> float | None:
+    """``result``'s figure under a dotted ``key``, or ``None`` if it was not measured
+    (the plain design's other scenarios, or a report saved before the row existed)."""
     value: Any = result
     for part in key.split("."):
+        if part not in value:
+            return None
         value = value[part]
     return float(value)
+
+
+def met(goal: str, value: float) -> bool:
+    """Whether ``value`` meets ``goal``, whose name ends with its bound (``>= 1.2``,
+    ``<= 1 ms``)."""
+    bound = re.search(r"(>=|<=) ([\d.,]+)[^<>=]*$", goal)
+    if bound is None:
+        raise ValueError(f"goal {goal!r} names no bound")
+    limit = float(bound[2].replace(",", ""))
+    return value >= limit if bound[1] == ">=" else value <= limit
 
 
 def _format(value: float, kind: str) -> str:
@@ -156,15 +184,33 @@ def _print_inprocess(report: dict[str, Any]) -> None:
         table.add_column(f"trio / {impl}", justify="right")
     for key, label, kind in ROWS:
         values = [_lookup(results[impl], key) for impl in impls]
-        cells = [_format(v, kind) for v in values]
+        cells = [_cell(v, kind) for v in values]
+        if PLAIN in impls and values[impls.index(PLAIN)] is None and key.endswith("_batches"):
+            # It has no batches: Trio's batches against its one output per await.
+            values[impls.index(PLAIN)] = value = _lookup(results[PLAIN], key[: -len("_batches")])
+            cells[impls.index(PLAIN)] = f"({_cell(value, kind)})"
         for other in values[1:]:
-            ratio = values[0] / other if kind == "rate" else other / values[0]
-            cells.append(f"{ratio:.2f}x")
+            if values[0] is None or other is None:
+                cells.append("—")
+            else:
+                ratio = values[0] / other if kind == "rate" else other / values[0]
+                cells.append(f"{ratio:.2f}x")
         table.add_row(label, *cells)
     console.print(table)
     load = results["trio"]["latency"]["rate"]
     console.print(
         f"Ratios > 1 mean Trio is faster, cheaper or smaller. 5. ran at {load:,.0f} events/s."
     )
+    if PLAIN in impls:
+        console.print(
+            f"{PLAIN}: the plain design (one item per asyncio.Queue hop), scenarios 1 and 2 "
+            "only. It has no batches: its batch cells (in parentheses) repeat its one output "
+            "per await, and the goals against it weigh Trio's batches."
+        )
     for goal, value in report["goals"].items():
-        console.print(f"  goal {goal}: {value:.3g}")
+        verdict = "met" if met(goal, value) else "not met"
+        console.print(f"  goal {goal}: {value:.3g} ({verdict})")
+
+
+def _cell(value: float | None, kind: str) -> str:
+    return "—" if value is None else _format(value, kind)

@@ -23,7 +23,7 @@ import trio
 from .. import StageOutput
 from ..compare.frameworks import Framework
 
-__all__ = ["BenchStage", "channel_hop", "run_all"]
+__all__ = ["BenchError", "BenchStage", "channel_hop", "run_all"]
 
 FINALS = {0, 2}
 
@@ -124,12 +124,24 @@ def _settle_gc() -> None:
 # -- the scenarios --------------------------------------------------------------------------
 
 
-async def throughput(fw: Framework, n: int, k: int, *, streams: bool, mode: str) -> float:
-    """Events (stage outputs) handled per second, N requests x K outputs x 3 stages."""
+async def throughput(
+    fw: Framework, n: int, k: int, *, streams: bool, mode: str, batches: bool = False
+) -> float:
+    """Events (stage outputs) handled per second, N requests x K outputs x 3 stages.
+
+    The consumers take outputs one at a time (``next_output()``, ``async for``), or
+    with ``batches`` all those waiting at once (``next_outputs()``,
+    ``receive_batch()``). Every request must get its ``2 * k`` outputs (stages 0 and
+    2 are final) and exactly one terminal, its last, ``"completed"``: checked outside
+    the clock, or :class:`BenchError`.
+    """
     stages = [BenchStage(fw, k) for _ in range(3)]
     ids = [f"r{i}" for i in range(n)]
     for stage in stages:
         stage.prepare(ids)
+    expected = k * len(FINALS)
+    seen = dict.fromkeys(ids, 0)  # outputs per request, terminal included
+    ends: dict[str, Any] = {}  # each request's terminal, and how many outputs preceded it
     fns = {"forward_fn": _forward} if mode == "forward" else {"prewarm_fn": _nothing}
     async with fw.open_orchestrator(stages, FINALS, **fns) as orch:
         _settle_gc()
@@ -137,21 +149,61 @@ async def throughput(fw: Framework, n: int, k: int, *, streams: bool, mode: str)
         if streams:
 
             async def consume(i: int) -> None:
-                async with orch.open_request(None, request_id=f"r{i}") as stream:
-                    async for _ in stream:
-                        pass
+                rid = f"r{i}"
+                count = 0
+                async with orch.open_request(None, request_id=rid) as stream:
+                    if batches:
+                        while stream.terminal is None:
+                            count += len(await stream.receive_batch())
+                    else:
+                        async for _ in stream:
+                            count += 1
+                seen[rid] = count
+                ends[rid] = (stream.terminal, count)
 
             async with fw.open_tasks() as tasks:
                 for i in range(n):
                     tasks.start_soon(consume, i)
         else:
-            for i in range(n):
-                await orch.add_request(f"r{i}", None)
+            for rid in ids:
+                await orch.add_request(rid, None)
             ended = 0
             while ended < n:
-                ended += (await orch.next_output()).finished
+                if batches:
+                    for out in await orch.next_outputs():
+                        rid = out.request_id
+                        seen[rid] += 1
+                        if out.finished:
+                            ended += 1
+                            ends[rid] = (out, seen[rid])
+                else:  # (the same, without a list per output)
+                    out = await orch.next_output()
+                    rid = out.request_id
+                    seen[rid] += 1
+                    if out.finished:
+                        ended += 1
+                        ends[rid] = (out, seen[rid])
         elapsed = time.perf_counter() - start
+    _check_outputs(fw, seen, ends, expected)
     return n * k * 3 / elapsed
+
+
+class BenchError(Exception):
+    """An implementation got a scenario wrong: the numbers would mean nothing."""
+
+
+def _check_outputs(
+    fw: Framework, seen: dict[str, int], ends: dict[str, Any], expected: int
+) -> None:
+    for rid, count in seen.items():
+        terminal, before = ends.get(rid, (None, 0))
+        if terminal is None or count != expected or before != expected:
+            raise BenchError(
+                f"{fw.name}: request {rid!r} got {count} outputs, {expected} expected, "
+                f"and its terminal {'never came' if terminal is None else f'as output {before}'}"
+            )
+        if terminal.finish_reason != "completed":
+            raise BenchError(f"{fw.name}: request {rid!r} ended {terminal.finish_reason!r}")
 
 
 async def per_event_cost(fw: Framework, in_flight: int, events: int) -> float:
@@ -255,12 +307,21 @@ async def memory_per_request(fw: Framework, n: int) -> float:
     return (after - before) / n
 
 
-def run_all(fw: Framework, *, quick: bool, latency_load: float | None = None) -> dict[str, Any]:
+def run_all(
+    fw: Framework,
+    *,
+    quick: bool,
+    latency_load: float | None = None,
+    throughput_only: bool = False,
+) -> dict[str, Any]:
     """Every scenario once, in this process, best of ``repeats`` where it is timed.
 
     Scenario 5 runs at ``latency_load`` events/s, by default half of this
     implementation's scenario-1 rate (``omni-trio bench`` passes half of Trio's, so
-    that every implementation is measured at the same offered load).
+    that every implementation is measured at the same offered load). With
+    ``throughput_only``, only scenarios 1 and 2 (the plain design is a yardstick for
+    those). Where the framework takes outputs in batches, scenarios 1 and 2 also run
+    with batches (``next_outputs()``, ``receive_batch()``).
     """
     n, k = (40, 10) if quick else (1000, 100)
     repeats = 1 if quick else 3
@@ -269,12 +330,17 @@ def run_all(fw: Framework, *, quick: bool, latency_load: float | None = None) ->
     def best(scenario: Callable[[], Any]) -> float:
         return max(float(fw.run(scenario)) for _ in range(repeats))
 
-    results["throughput_next_output"] = best(
-        lambda: throughput(fw, n, k, streams=False, mode="async_chunk")
-    )
-    results["throughput_streams"] = best(
-        lambda: throughput(fw, n, k, streams=True, mode="async_chunk")
-    )
+    def rate(*, streams: bool, batches: bool = False) -> float:
+        return best(
+            lambda: throughput(fw, n, k, streams=streams, mode="async_chunk", batches=batches)
+        )
+
+    for key, streams in (("throughput_next_output", False), ("throughput_streams", True)):
+        results[key] = rate(streams=streams)
+        if fw.batches:
+            results[f"{key}_batches"] = rate(streams=streams, batches=True)
+    if throughput_only:
+        return results
     results["throughput_forward"] = best(
         lambda: throughput(fw, n, k, streams=False, mode="forward")
     )

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Protocol, TypeVar
 
@@ -118,40 +118,61 @@ async def _get_batch(queue: asyncio.Queue[T]) -> list[T]:
 
 
 class _Outbox(OutboxBase):
-    """Outputs for one consumer, a batch per handler flush (see ``omni_trio._sink``)."""
+    """Outputs for one consumer, a batch per handler flush (see ``omni_trio._sink``).
 
-    __slots__ = ("_queue",)
+    As in the Trio driver, handler and consumers share a thread: a flush puts its
+    batch straight into the consumer's buffer and wakes the consumers waiting for one.
+    """
+
+    __slots__ = ("_closed", "_waiters")
 
     def __init__(self) -> None:
         super().__init__()
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._waiters: list[asyncio.Future[None]] = []
+        self._closed = False
 
     def _send_batch(self, batch: list[OrchOutput]) -> None:
-        self._queue.put_nowait(batch)
+        self._take(batch)  # straight into the buffer: nothing is ever in between
+        if self._waiters:
+            self._wake()
 
     def _close_channel(self) -> None:
-        self._queue.put_nowait(END_OF_OUTPUTS)
+        self._closed = True
+        self._wake()
 
-    def _batch(self, item: Any) -> list[OrchOutput] | None:
-        """``item`` from the queue as a batch, or ``None`` at the end (which stays)."""
-        if item is END_OF_OUTPUTS:
-            self._queue.put_nowait(END_OF_OUTPUTS)  # for the next caller
-            return None
-        return item  # type: ignore[no-any-return]
+    def _wake(self) -> None:
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters.clear()
 
     def _receive_batch_nowait(self) -> list[OrchOutput] | None:
-        try:
-            return self._batch(self._queue.get_nowait())
-        except asyncio.QueueEmpty:
-            return None
+        return None  # batches go straight into the buffer
+
+    async def _wait(self) -> None:
+        """Wait until the buffer holds an output (if cancelled, it took nothing).
+        Raises :class:`EndOfOutputs` once closed and empty."""
+        while not self._buffer:
+            if self._closed:
+                raise EndOfOutputs("the orchestrator has shut down")
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if not waiter.done():  # cancelled: no longer waiting
+                    self._waiters.remove(waiter)
 
     async def get(self) -> OrchOutput:
         if not self._buffer:
-            batch = self._batch(await self._queue.get())
-            if batch is None:
-                raise EndOfOutputs("the orchestrator has shut down")
-            self._take(batch)
+            await self._wait()
         return self._buffer.popleft()
+
+    async def get_batch(self) -> list[OrchOutput]:
+        """Every output waiting, at least one: waits for it if there is none."""
+        if not self._buffer:
+            await self._wait()
+        return self.take_ready()
 
     @staticmethod
     async def checkpoint() -> None:
@@ -171,11 +192,24 @@ class AsyncioRequestStream(StreamBase):
         super().__init__(request_id, _Outbox())
 
 
-@final
-class AsyncioOrchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
-    """A running asyncio twin; get one from :func:`open_asyncio_orchestrator`."""
+class AsyncioDriver(OrchestratorBase):
+    """What every asyncio driver of the core shares: the public API, admissions, the
+    shutdown. A subclass supplies its tasks (:meth:`_handle`, :meth:`_read_stage`,
+    :meth:`_deliver`) and how outputs reach consumers (:meth:`_new_outbox`,
+    :attr:`_stream_type`): the batched twin here, the plain design in
+    :mod:`omni_trio.compare.plain_asyncio`.
+    """
 
-    _results: _Outbox
+    _results: Any  # the subclass's outbox: a sink with an ``async get()``
+    #: The inbox's bound (``0``: unbounded).
+    _inbox_size = INBOX_SIZE
+    #: What :meth:`open_request` yields.
+    _stream_type: Callable[[str], StreamBase]
+
+    @staticmethod
+    def _new_outbox() -> Any:
+        """Where the outputs for ``next_output()`` go: a sink with an ``async get()``."""
+        raise NotImplementedError
 
     def __init__(
         self,
@@ -188,14 +222,14 @@ class AsyncioOrchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         self._stages = tuple(stages)
         self._shutdown_grace = shutdown_grace
         self._closed = False
-        self._inbox: asyncio.Queue[InboxMessage] = asyncio.Queue(INBOX_SIZE)
+        self._inbox: asyncio.Queue[Any] = asyncio.Queue(self._inbox_size)
         self._commands: list[asyncio.Queue[StageCommand | None]] = [
             asyncio.Queue() for _ in self._stages
         ]
         super().__init__(
             core,
             self._stages,
-            results=_Outbox(),
+            results=self._new_outbox(),
             slots=None if max_in_flight is None else asyncio.Semaphore(max_in_flight),
             send_command=lambda command: self._commands[command.stage_id].put_nowait(command),
             logger=logger,
@@ -221,11 +255,11 @@ class AsyncioOrchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         *,
         request_id: str | None = None,
         final_stage_ids: Iterable[int] | None = None,
-    ) -> AsyncIterator[AsyncioRequestStream]:
+    ) -> AsyncIterator[Any]:
         """Admit a request and read its outputs from the block; leaving early aborts it
         and waits (up to ``shutdown_grace``) for its terminal, kept in ``terminal``."""
         rid = check_request_id(uuid.uuid4().hex if request_id is None else request_id)
-        stream = AsyncioRequestStream(rid)
+        stream = self._stream_type(rid)
         await self._admit(rid, prompt, final_stage_ids, stream)
         try:
             yield stream
@@ -250,7 +284,8 @@ class AsyncioOrchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         Raises:
           EndOfOutputs: after shutdown, once every output was taken.
         """
-        return await self._results.get()
+        output: OrchOutput = await self._results.get()
+        return output
 
     async def abort(self, request_id: str) -> None:
         """End a request now; see :meth:`omni_trio.Orchestrator.abort`."""
@@ -305,26 +340,21 @@ class AsyncioOrchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         self._background.append(group.create_task(self._handle()))
 
     async def _handle(self) -> None:
-        core = self._core
-        dispatch = self._dispatch
-        loop = asyncio.get_running_loop()
+        """The only task that touches the core: take messages from the inbox, apply
+        them, hand out what was decided; call :meth:`_end_deliveries` after a shutdown."""
+        raise NotImplementedError
+
+    async def _get_before(self, deadline: float, get: Callable[[], Awaitable[T]]) -> T | None:
+        """``await get()``, or ``None`` once the watchdog's ``deadline`` has passed."""
         try:
-            while True:
-                deadline = core.next_deadline()
-                batch: list[InboxMessage] = []
-                if deadline is None:
-                    batch = await _get_batch(self._inbox)
-                else:
-                    try:
-                        async with timeout_at(deadline):
-                            batch = await _get_batch(self._inbox)
-                    except _TIMEOUTS:
-                        pass
-                if dispatch.step(batch, loop.time()):
-                    for queue in self._commands:
-                        queue.put_nowait(None)  # deliveries end once the aborts are out
-        finally:
-            self._close_inbox()
+            async with timeout_at(deadline):
+                return await get()
+        except _TIMEOUTS:
+            return None
+
+    def _end_deliveries(self) -> None:
+        for queue in self._commands:
+            queue.put_nowait(None)  # deliveries end once the aborts are out
 
     def _close_inbox(self) -> None:
         leftovers = []
@@ -333,24 +363,18 @@ class AsyncioOrchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
                 leftovers.append(self._inbox.get_nowait())
             except asyncio.QueueEmpty:
                 break
-        self._settle(leftovers)
+        self._settle(self._messages(leftovers))
+
+    def _messages(self, items: list[Any]) -> list[InboxMessage]:
+        """What the inbox held, as messages (the plain design puts bare outputs there)."""
+        return items
 
     async def _read_stage(self, stage_id: int, stage: AsyncioStage) -> None:
-        outputs: Any = stage.outputs
+        """Move stage ``stage_id``'s outputs to the handler until they end, then tell
+        it the stage died (and why)."""
         reason: str | None = None
         try:
-            if isinstance(outputs, asyncio.Queue):
-                while True:
-                    batch = await _get_batch(outputs)
-                    if END_OF_OUTPUTS in batch:
-                        batch = batch[: batch.index(END_OF_OUTPUTS)]
-                        if batch:
-                            await self._send(OutputsArrived(stage_id, batch))
-                        break
-                    await self._send(OutputsArrived(stage_id, batch))
-            else:
-                async for output in outputs:
-                    await self._send(OutputsArrived(stage_id, [output]))
+            await self._move_outputs(stage_id, stage.outputs)
         except Exception as exc:
             if type(exc).__name__ != "QueueShutDown":  # 3.13's Queue.shutdown(): an end
                 logger.exception("stage %d: reading its outputs failed", stage_id)
@@ -360,13 +384,14 @@ class AsyncioOrchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         logger.warning("stage %d died: %s", stage_id, reason)
         await self._send(StageDied(stage_id, reason))
 
+    async def _move_outputs(self, stage_id: int, outputs: Any) -> None:
+        """Hand the outputs of ``outputs`` (a queue or an async iterator) to the
+        handler; return once they end."""
+        raise NotImplementedError
+
     async def _deliver(self, stage_id: int, stage: AsyncioStage) -> None:
-        queue = self._commands[stage_id]
-        while True:
-            for command in await _get_batch(queue):
-                if command is None:
-                    return  # shutdown: everything queued before it was delivered
-                await self._dispatch.deliver(stage, command, self._send)
+        """Carry out stage ``stage_id``'s commands in order, until the shutdown's end."""
+        raise NotImplementedError
 
     async def _shutdown(self) -> None:
         self._closed = True
@@ -378,6 +403,115 @@ class AsyncioOrchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
     def _stop_tasks(self) -> None:
         for task in (*self._background, *self._deliveries):
             task.cancel()
+
+
+@final
+class AsyncioOrchestrator(AsyncioDriver, metaclass=NoPublicConstructor):
+    """A running asyncio twin; get one from :func:`open_asyncio_orchestrator`.
+
+    Every hop moves batches, as in the Trio orchestrator: a task waits for one item,
+    then takes whatever else is ready (``get_nowait()``) and hands it on at once.
+    """
+
+    _results: _Outbox
+    _stream_type = AsyncioRequestStream
+
+    @staticmethod
+    def _new_outbox() -> _Outbox:
+        return _Outbox()
+
+    async def next_outputs(self) -> list[OrchOutput]:
+        """The next output of a request admitted with :meth:`add_request`, and every
+        such output already waiting; see :meth:`omni_trio.Orchestrator.next_outputs`.
+
+        Raises:
+          EndOfOutputs: after shutdown, once every output was taken.
+        """
+        return await self._results.get_batch()
+
+    async def _handle(self) -> None:
+        core = self._core
+        dispatch = self._dispatch
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                deadline = core.next_deadline()
+                batch: list[InboxMessage] | None
+                if deadline is None:
+                    batch = await _get_batch(self._inbox)
+                else:
+                    batch = await self._get_before(deadline, lambda: _get_batch(self._inbox))
+                if dispatch.step(batch or (), loop.time()):
+                    self._end_deliveries()
+        finally:
+            self._close_inbox()
+
+    async def _move_outputs(self, stage_id: int, outputs: Any) -> None:
+        if isinstance(outputs, asyncio.Queue):
+            while True:
+                batch = await _get_batch(outputs)
+                if END_OF_OUTPUTS in batch:
+                    batch = batch[: batch.index(END_OF_OUTPUTS)]
+                    if batch:
+                        await self._send(OutputsArrived(stage_id, batch))
+                    return
+                await self._send(OutputsArrived(stage_id, batch))
+        else:
+            async for output in outputs:
+                await self._send(OutputsArrived(stage_id, [output]))
+
+    async def _deliver(self, stage_id: int, stage: AsyncioStage) -> None:
+        queue = self._commands[stage_id]
+        while True:
+            for command in await _get_batch(queue):
+                if command is None:
+                    return  # shutdown: everything queued before it was delivered
+                await self._dispatch.deliver(stage, command, self._send)
+
+
+D = TypeVar("D", bound=AsyncioDriver)
+
+
+@asynccontextmanager
+async def run_driver(
+    driver: Callable[..., D],
+    stages: Sequence[AsyncioStage],
+    final_stage_ids: Iterable[int],
+    *,
+    forward_fn: ForwardFn | None,
+    prewarm_fn: PrewarmFn | None,
+    stage_idle_timeout: float | None,
+    max_in_flight: int | None,
+    shutdown_grace: float,
+) -> AsyncIterator[D]:
+    """Check the arguments, build ``driver(core, stages, ...)``, run its tasks for the
+    block, and shut it down as :func:`open_asyncio_orchestrator` says."""
+    core, checked = prepare(
+        stages,
+        final_stage_ids,
+        _check_stage,
+        forward_fn=forward_fn,
+        prewarm_fn=prewarm_fn,
+        stage_idle_timeout=stage_idle_timeout,
+        max_in_flight=max_in_flight,
+        shutdown_grace=shutdown_grace,
+    )
+    orchestrator = driver(core, checked, max_in_flight=max_in_flight, shutdown_grace=shutdown_grace)
+    with unwrap_single_exception():
+        async with TaskGroup() as group:
+            orchestrator._start(group)
+            try:
+                yield orchestrator
+            finally:
+                try:
+                    async with timeout(shutdown_grace):
+                        await orchestrator._shutdown()
+                except _TIMEOUTS:
+                    logger.warning(
+                        "shutdown: stages did not take their aborts within %s s", shutdown_grace
+                    )
+                finally:
+                    orchestrator._stop_tasks()
 
 
 @asynccontextmanager
@@ -398,31 +532,14 @@ async def open_asyncio_orchestrator(
     shutdown is not shielded: a second cancellation of the task leaving the block
     interrupts it (asyncio has no shield that waits, see ``docs/cancellation.md``).
     """
-    core, checked = prepare(
+    async with run_driver(
+        AsyncioOrchestrator._create,
         stages,
         final_stage_ids,
-        _check_stage,
         forward_fn=forward_fn,
         prewarm_fn=prewarm_fn,
         stage_idle_timeout=stage_idle_timeout,
         max_in_flight=max_in_flight,
         shutdown_grace=shutdown_grace,
-    )
-    orchestrator = AsyncioOrchestrator._create(
-        core, checked, max_in_flight=max_in_flight, shutdown_grace=shutdown_grace
-    )
-    with unwrap_single_exception():
-        async with TaskGroup() as group:
-            orchestrator._start(group)
-            try:
-                yield orchestrator
-            finally:
-                try:
-                    async with timeout(shutdown_grace):
-                        await orchestrator._shutdown()
-                except _TIMEOUTS:
-                    logger.warning(
-                        "shutdown: stages did not take their aborts within %s s", shutdown_grace
-                    )
-                finally:
-                    orchestrator._stop_tasks()
+    ) as orchestrator:
+        yield orchestrator

@@ -23,13 +23,14 @@ from .. import testing as trio_testing
 from .._orchestrator import open_orchestrator
 from . import asyncio_testing
 from .asyncio_orchestrator import EndOfOutputs, OrchestratorClosed, open_asyncio_orchestrator
+from .plain_asyncio import open_plain_asyncio_orchestrator
 
 if sys.version_info >= (3, 11):
     from asyncio import TaskGroup
 else:  # pragma: no cover - exercised by the 3.10 session
     from taskgroup import TaskGroup
 
-__all__ = ["ASYNCIO", "ASYNCIO_UVLOOP", "FRAMEWORKS", "TRIO", "Framework"]
+__all__ = ["ASYNCIO", "ASYNCIO_PLAIN", "ASYNCIO_UVLOOP", "FRAMEWORKS", "TRIO", "Framework"]
 
 
 @attrs.frozen
@@ -37,7 +38,8 @@ class Framework:
     """What differs between the Trio orchestrator and its asyncio twin.
 
     Attributes:
-      name: ``"trio"``, ``"asyncio"`` or ``"asyncio+uvloop"``.
+      name: ``"trio"``, ``"asyncio"``, ``"asyncio+uvloop"`` (the asyncio twin on
+          uvloop) or ``"asyncio-plain"`` (the plain design, one item per queue hop).
       open_orchestrator: Its ``open_orchestrator``.
       ScriptedStage: Its scripted test stage.
       collect_outputs: Its test kit's ``collect_outputs``.
@@ -52,6 +54,8 @@ class Framework:
       Closed: What an admission after the block raises.
       run: ``run(fn, virtual_time=False)``: run ``fn()`` to completion on a fresh
           loop; with ``virtual_time``, time jumps whenever every task waits for it.
+      batches: Whether its consumers can take outputs in batches
+          (``next_outputs()``, ``receive_batch()``); the plain design cannot.
     """
 
     name: str
@@ -68,6 +72,7 @@ class Framework:
     EndOfOutputs: type[BaseException]
     Closed: type[BaseException]
     run: Callable[..., Any]
+    batches: bool = True
 
 
 def _trio_outputs() -> tuple[Callable[[Any], None], Any]:
@@ -160,5 +165,9 @@ ASYNCIO = Framework(
 
 ASYNCIO_UVLOOP = attrs.evolve(ASYNCIO, name="asyncio+uvloop", run=_run_uvloop)
 
-FRAMEWORKS = {fw.name: fw for fw in (TRIO, ASYNCIO, ASYNCIO_UVLOOP)}
+ASYNCIO_PLAIN = attrs.evolve(
+    ASYNCIO, name="asyncio-plain", open_orchestrator=open_plain_asyncio_orchestrator, batches=False
+)
+
+FRAMEWORKS = {fw.name: fw for fw in (TRIO, ASYNCIO, ASYNCIO_UVLOOP, ASYNCIO_PLAIN)}
 """Every framework, by name."""

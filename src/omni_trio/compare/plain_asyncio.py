@@ -1,0 +1,200 @@
+"""The plain asyncio design: one item per queue hop, no batching.
+
+This is the design the project started from, kept as a yardstick for the benchmark
+(``omni-trio bench``'s ``asyncio-plain`` column): a reader task per stage puts each
+:class:`~omni_trio.StageOutput` on the handler's ``asyncio.Queue`` on its own, the
+handler takes one item per ``await queue.get()``, applies it to the same sans-IO core
+and routes what was decided at once, and each output goes on its consumer's
+``asyncio.Queue`` (``next_output()``'s, or a request's stream's), one item per hop. A
+delivery task per stage takes one command per ``get()``.
+
+Everything else -- the decisions, the admission protocol, streams and their early
+exit, abort, drain, admission control, the watchdog, the shutdown -- is the asyncio
+twin's (:mod:`omni_trio.compare.asyncio_orchestrator`), so the two differ only in how
+items move. The shared test suite runs against both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from .._core import ForwardFn, PrewarmFn
+from .._inbox import InboxMessage, OutputsArrived, ShutdownCall
+from .._messages import OrchOutput
+from .._sink import OutboxBase, StreamBase
+from .._util import NoPublicConstructor, final
+from .asyncio_orchestrator import (
+    END_OF_OUTPUTS,
+    AsyncioDriver,
+    AsyncioStage,
+    EndOfOutputs,
+    run_driver,
+)
+
+__all__ = ["PlainAsyncioOrchestrator", "PlainRequestStream", "open_plain_asyncio_orchestrator"]
+
+
+class _Queue(OutboxBase):
+    """One consumer's ``asyncio.Queue``: the handler puts each output on it as it is
+    decided, the consumer takes one per ``await get()``."""
+
+    __slots__ = ("_closed", "_queue")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._closed = False  # END_OF_OUTPUTS is on the queue (and stays there)
+
+    def put(self, output: OrchOutput) -> None:
+        self._queue.put_nowait(output)
+
+    def flush(self) -> None:
+        pass  # every output went out on its own
+
+    def close(self) -> None:
+        self._closed = True
+        self._queue.put_nowait(END_OF_OUTPUTS)
+
+    def ready(self) -> int:
+        return self._queue.qsize() - self._closed
+
+    def take_ready(self) -> list[OrchOutput]:
+        outputs: list[OrchOutput] = []
+        while True:
+            try:
+                output = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return outputs
+            if output is END_OF_OUTPUTS:
+                self._queue.put_nowait(END_OF_OUTPUTS)  # it stays, for the next caller
+                return outputs
+            outputs.append(output)
+
+    async def get(self) -> OrchOutput:
+        output = await self._queue.get()
+        if output is END_OF_OUTPUTS:
+            self._queue.put_nowait(END_OF_OUTPUTS)
+            raise EndOfOutputs("the orchestrator has shut down")
+        return output  # type: ignore[no-any-return]
+
+    async def get_batch(self) -> list[OrchOutput]:
+        raise NotImplementedError(
+            "the plain design takes one output per await queue.get(): it has no batches"
+        )
+
+    @staticmethod
+    async def checkpoint() -> None:
+        await asyncio.sleep(0)
+
+    @staticmethod
+    def end_of_stream() -> EndOfOutputs:
+        return EndOfOutputs()
+
+
+@final
+class PlainRequestStream(StreamBase):
+    """One request's outputs, in order, ending with its terminal (``async for``), one
+    ``await queue.get()`` each; :meth:`receive` raises :class:`EndOfOutputs` once the
+    terminal was received. There is no batch: ``receive_batch()`` raises
+    ``NotImplementedError``."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(request_id, _Queue())
+
+
+@final
+class PlainAsyncioOrchestrator(AsyncioDriver, metaclass=NoPublicConstructor):
+    """A running plain-design orchestrator; get one from
+    :func:`open_plain_asyncio_orchestrator`. Its API is the asyncio twin's, less the
+    batches (``next_outputs()``, ``receive_batch()``)."""
+
+    _results: _Queue
+    _inbox_size = 0  # unbounded, as a plain asyncio.Queue()
+    _stream_type = PlainRequestStream
+
+    @staticmethod
+    def _new_outbox() -> _Queue:
+        return _Queue()
+
+    async def _handle(self) -> None:
+        core = self._core
+        dispatch = self._dispatch
+        inbox = self._inbox
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                deadline = core.next_deadline()
+                if deadline is None:
+                    item = await inbox.get()
+                else:
+                    item = await self._get_before(deadline, inbox.get)
+                core.now = loop.time()
+                if type(item) is tuple:  # (stage_id, what the stage put on its outputs)
+                    stage_id, outputs = item
+                    if type(outputs) is list:  # several outputs handed over at once
+                        for output in outputs:
+                            core.receive_output(stage_id, output)
+                    else:
+                        core.receive_output(stage_id, outputs)
+                elif item is not None:
+                    dispatch.apply(item)
+                core.expire()
+                dispatch.flush()  # each output onto its consumer's queue
+                if type(item) is ShutdownCall:
+                    self._end_deliveries()
+        finally:
+            self._close_inbox()
+
+    def _messages(self, items: list[Any]) -> list[InboxMessage]:
+        return [
+            OutputsArrived(item[0], [item[1]]) if type(item) is tuple else item for item in items
+        ]
+
+    async def _move_outputs(self, stage_id: int, outputs: Any) -> None:
+        inbox = self._inbox
+        if isinstance(outputs, asyncio.Queue):
+            while True:
+                item = await outputs.get()
+                if item is END_OF_OUTPUTS:
+                    return
+                await inbox.put((stage_id, item))
+        else:
+            async for output in outputs:
+                await inbox.put((stage_id, output))
+
+    async def _deliver(self, stage_id: int, stage: AsyncioStage) -> None:
+        queue = self._commands[stage_id]
+        while True:
+            command = await queue.get()
+            if command is None:
+                return  # shutdown: everything queued before it was delivered
+            await self._dispatch.deliver(stage, command, self._send)
+
+
+@asynccontextmanager
+async def open_plain_asyncio_orchestrator(
+    stages: Sequence[AsyncioStage],
+    final_stage_ids: Iterable[int],
+    *,
+    forward_fn: ForwardFn | None = None,
+    prewarm_fn: PrewarmFn | None = None,
+    stage_idle_timeout: float | None = None,
+    max_in_flight: int | None = None,
+    shutdown_grace: float = 5.0,
+) -> AsyncIterator[PlainAsyncioOrchestrator]:
+    """The plain design around the core: arguments, API and shutdown are those of
+    :func:`~omni_trio.compare.open_asyncio_orchestrator`; only the hops differ."""
+    async with run_driver(
+        PlainAsyncioOrchestrator._create,
+        stages,
+        final_stage_ids,
+        forward_fn=forward_fn,
+        prewarm_fn=prewarm_fn,
+        stage_idle_timeout=stage_idle_timeout,
+        max_in_flight=max_in_flight,
+        shutdown_grace=shutdown_grace,
+    ) as orchestrator:
+        yield orchestrator
