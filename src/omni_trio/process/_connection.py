@@ -130,7 +130,7 @@ class WorkerConnection:
 
     # -- what its stage sends -----------------------------------------------------------
 
-    def submit(self, request_id: str, frame: bytes) -> None:
+    def submit(self, request_id: str, frame: bytes | bytearray) -> None:
         """Send an encoded ``wire.Submit`` for ``request_id``."""
         self._writer.send_nowait(frame)
         self.in_flight.add(request_id)

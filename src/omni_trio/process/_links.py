@@ -17,7 +17,8 @@ they are read) sent and not yet acknowledged; its sender waits
 for more (:meth:`OutLink.send`), and says so (``Waiting``). A reader acknowledges a
 chunk when its engine has read it, or when no engine of it will (the request has not
 started there, or it has ended: then the chunk is taken at once), and gives back its
-ring slot at the same time; it sends acknowledgements in batches of half a window,
+ring slot at the same time; it sends acknowledgements in batches of half a window
+(in chunks or in bytes),
 at once for a ring slot, and at once when its sender waits. A full ring makes the
 sender wait too; so does a stage that has no worker to send to while it restarts.
 Nothing on this path grows with a flood: it costs the windows and the ring.
@@ -34,6 +35,7 @@ died drops its ring and, on its connection to the stage's next worker, sends
 from __future__ import annotations
 
 import collections
+import socket
 import zlib
 
 import trio
@@ -42,6 +44,9 @@ from . import _wire as wire
 from ._ring import RingError, RingReader, RingWriter
 
 __all__ = ["InLink", "OutLink", "listen_address", "ring_tag"]
+
+#: The kernel's send buffer of a chunk link, in bytes.
+LINK_SEND_BUFFER = 1 << 20
 
 #: Seconds a sender waits before it connects again to a reader whose link ended.
 RECONNECT_DELAY = 0.1
@@ -138,6 +143,8 @@ class OutLink:
         while True:
             try:
                 stream = await trio.open_unix_socket(address)
+                # Room for a burst of big chunks in the kernel, not a wake-up per chunk.
+                stream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, LINK_SEND_BUFFER)
             except OSError:
                 if self._address == address:
                     self._address = ""  # gone: the orchestrator routes us to its successor
@@ -254,7 +261,9 @@ class OutLink:
                 await self._wait(unacked.wakeup)
                 continue
             if inline:
-                frame = wire.Chunk(request_id, seq, size, data=bytes(chunk), life=life)
+                # msgspec encodes the view's bytes as they are: one copy, into the frame
+                data: bytes = chunk  # type: ignore[assignment]
+                frame = wire.Chunk(request_id, seq, size, data=data, life=life)
                 self.inline += 1
             else:
                 ring = connection.ring or self._new_ring(connection)
@@ -330,13 +339,17 @@ class InLink:
       closed: The connection is over (nothing is acknowledged any more).
     """
 
-    def __init__(self, stream: trio.abc.SendStream, window: int) -> None:
+    def __init__(
+        self, stream: trio.abc.SendStream, window: int, window_bytes: int = 1 << 20
+    ) -> None:
         self.writer = wire.FrameWriter(stream)
         self.ring: RingReader | None = None
         #: Why the sender's ring cannot be read (it died, and its ring was freed).
         self.ring_missing = ""
         self.closed = False
         self._threshold = max(1, window // 2)
+        self._bytes_threshold = max(1, window_bytes // 2)
+        self._bytes = 0  # of the inline chunks acknowledged since the last flush
         self._counts: dict[str, int] = {}
         self._slots: list[int] = []
         #: Requests whose sender waits for their acknowledgements: the next chunk of
@@ -354,16 +367,22 @@ class InLink:
         tag = ring_tag(notice.request_id, notice.seq)
         return self.ring.read(notice.offset, tag, notice.size)
 
-    def ack(self, request_id: str, offset: int) -> None:
-        """One chunk of the request is read or dropped (and its slot, if it has one,
-        is free)."""
+    def ack(self, request_id: str, offset: int, size: int = 0) -> None:
+        """One chunk of the request (``size`` bytes) is read or dropped (and its slot,
+        if it has one, is free)."""
         if self.closed:
             return
         count = self._counts[request_id] = self._counts.get(request_id, 0) + 1
+        if offset < 0:  # an inline chunk: its bytes count against the window
+            self._bytes += size
         if offset >= 0:
             self._slots.append(offset)
             self.flush()  # ring space is scarce: give it back at once
-        elif count >= self._threshold or request_id in self._waiting:
+        elif (
+            count >= self._threshold
+            or self._bytes >= self._bytes_threshold
+            or request_id in self._waiting
+        ):
             self.flush()
 
     def waiting(self, request_id: str) -> None:
@@ -382,6 +401,7 @@ class InLink:
             self.writer.send_nowait(wire.encode(wire.Ack(self._counts, self._slots)))
             self._waiting.difference_update(self._counts)
             self._counts, self._slots = {}, []
+            self._bytes = 0
 
     def close(self) -> None:
         self.closed = True

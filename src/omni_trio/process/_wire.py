@@ -15,8 +15,10 @@ carried it is then closed: never a hang, never a half-understood message.
 
 from __future__ import annotations
 
+import math
 import os
 import struct
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -53,6 +55,11 @@ __all__ = [
     "encode",
     "write_until_closed",
 ]
+
+#: A frame given to an idle writer is written at once, unless one was less than this
+#: many seconds ago: then it is part of a burst, and waits to be written with the
+#: rest of it in one system call.
+DIRECT_WRITE_GAP = 50e-6
 
 #: Frames larger than this (bytes, without the 4-byte header) end the connection.
 MAX_FRAME = 64 * 1024 * 1024
@@ -264,13 +271,16 @@ DECODE_TO_READER = msgspec.msgpack.Decoder(ToReader)
 DECODE_TO_SENDER = msgspec.msgpack.Decoder(Ack)
 
 
-def encode(message: _Message) -> bytes:
+def encode(message: _Message) -> bytearray:
     """One frame. Raises ``TypeError`` for data msgpack cannot carry, and
     :class:`ProtocolError` if the frame would exceed :data:`MAX_FRAME`."""
-    body = _encoder.encode(message)
-    if len(body) > MAX_FRAME:
-        raise ProtocolError(f"a {len(body)}-byte frame exceeds the {MAX_FRAME}-byte limit")
-    return _HEADER.pack(len(body)) + body
+    frame = bytearray(_HEADER.size)  # the body is encoded after it: one copy, not two
+    _encoder.encode_into(message, frame, _HEADER.size)
+    length = len(frame) - _HEADER.size
+    if length > MAX_FRAME:
+        raise ProtocolError(f"a {length}-byte frame exceeds the {MAX_FRAME}-byte limit")
+    _HEADER.pack_into(frame, 0, length)
+    return frame
 
 
 class FrameReader:
@@ -282,8 +292,10 @@ class FrameReader:
         decoder: msgspec.msgpack.Decoder[Any],
         *,
         max_frame: int = MAX_FRAME,
+        read_size: int = 1 << 16,
     ) -> None:
         self._stream = stream
+        self._read_size = read_size
         self._decoder = decoder
         self._max_frame = max_frame
         self._buffer = bytearray()
@@ -299,7 +311,7 @@ class FrameReader:
             frames = self._parse()
             if frames:
                 return frames
-            data = await self._stream.receive_some(1 << 16)
+            data = await self._stream.receive_some(self._read_size)
             if not data:
                 if self._buffer:
                     raise ProtocolError(
@@ -335,13 +347,13 @@ class FrameReader:
 class FrameWriter:
     """Frames into a byte stream; its :meth:`run` task writes them.
 
-    ``send_nowait`` never blocks: on a socket with nothing queued it writes the frame
-    at once, without waking the writing task (no task switch: the common case of a
-    connection that keeps up); otherwise it queues it, and :meth:`run` writes
-    whatever is queued in one ``send_all`` per wake-up, so a burst of frames costs one
-    system call. :meth:`send` waits first while more than ``high_water`` bytes are
-    queued, so a producer that could outrun the connection (an engine's outputs) is
-    held back by it.
+    ``send_nowait`` never blocks: on a socket with nothing queued and nothing written
+    in the last ``DIRECT_WRITE_GAP`` it writes the frame at once, without waking the
+    writing task (no task switch: the latency of a lone frame); otherwise it queues
+    it, and :meth:`run` writes whatever is queued in one ``send_all`` per wake-up, so
+    the rest of a burst costs one system call. :meth:`send` waits first while more
+    than ``high_water`` bytes are queued, so a producer that could outrun the
+    connection is held back by it.
     """
 
     def __init__(self, stream: trio.abc.SendStream, *, high_water: int = 1 << 20) -> None:
@@ -354,6 +366,7 @@ class FrameWriter:
         self._total = 0  # bytes given to it, ever
         self._written = 0  # bytes written, ever
         self._closed = False
+        self._last_direct = -math.inf  # when send_nowait last wrote by itself
         self._done = False  # closed, or its run ended: nobody waits for room any more
         self._wakeup = trio.lowlevel.ParkingLot()  # run() waits here for frames
         self._room = trio.Event()
@@ -369,7 +382,7 @@ class FrameWriter:
         """Bytes queued and not yet written."""
         return len(self._pending) + self._sending
 
-    def send_nowait(self, frame: bytes) -> None:
+    def send_nowait(self, frame: bytes | bytearray) -> None:
         """Write ``frame``, or queue it for :meth:`run`.
 
         Raises:
@@ -379,14 +392,19 @@ class FrameWriter:
             raise trio.ClosedResourceError("the frame writer is closed")
         self._total += len(frame)
         if not self._pending and not self._sending and self._fd >= 0:
-            try:
-                written = os.write(self._fd, frame)
-            except OSError:  # full (BlockingIOError), or broken: run()'s send_all says
-                written = 0
-            self._written += written
-            if written == len(frame):
-                return
-            frame = frame[written:]
+            now = time.monotonic()
+            if now - self._last_direct >= DIRECT_WRITE_GAP:
+                # Nothing written lately: the first frame of a burst goes at once.
+                self._last_direct = now
+                try:
+                    written = os.write(self._fd, frame)
+                except OSError:  # full (BlockingIOError), or broken: run()'s send_all says
+                    written = 0
+                self._written += written
+                if written == len(frame):
+                    return
+                frame = frame[written:]
+        # The rest of a burst waits for run(), which writes it in one system call.
         self._pending += frame
         self._wakeup.unpark()
 
@@ -398,7 +416,7 @@ class FrameWriter:
                 self._room = trio.Event()
             await self._room.wait()
 
-    async def send(self, frame: bytes) -> None:
+    async def send(self, frame: bytes | bytearray) -> None:
         """Write or queue ``frame`` once at most ``high_water`` bytes are queued (a
         checkpoint only when it waits)."""
         await self.room()

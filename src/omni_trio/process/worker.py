@@ -38,6 +38,13 @@ from ._ring import RingError, RingReader
 __all__ = ["main"]
 
 
+#: An engine that sends or reads chunks without ever waiting yields to the other
+#: tasks once in this many calls (each is a cancellation point all the same).
+YIELD_EVERY = 64
+
+#: Bytes a chunk link's reader asks for at a time (its frames may be big).
+LINK_READ_SIZE = 1 << 18
+
 #: How many released request ids a worker remembers (see ``_Worker.released``).
 _REMEMBER_RELEASED = 4096
 
@@ -138,7 +145,7 @@ class _Request:
             if keep(notice.life):
                 kept.append((notice, link))
             elif link is not None and isinstance(notice, wire.Chunk) and not notice.eos:
-                link.ack(notice.request_id, notice.offset)
+                link.ack(notice.request_id, notice.offset, notice.size)
         self.upstream_done = False
         for notice, link in kept:
             self.upstream_done |= isinstance(notice, wire.Chunk) and notice.eos
@@ -152,6 +159,16 @@ class _ChunkIO:
         self._worker = worker
         self._request_id = request_id
         self._request = request
+        self._since_yield = 0  # sends and reads that did not yield to other tasks
+
+    async def _checkpoint(self) -> None:
+        """The second half of a checkpoint, taken once every ``YIELD_EVERY`` calls:
+        every call is a cancellation point, and an engine that never has to wait
+        still lets the others run (and its chunks go out in batches meanwhile)."""
+        self._since_yield += 1
+        if self._since_yield >= YIELD_EVERY:
+            self._since_yield = 0
+            await trio.lowlevel.cancel_shielded_checkpoint()
 
     @property
     def connected(self) -> bool:
@@ -170,7 +187,7 @@ class _ChunkIO:
         request.sent += 1
         for link in worker.outlinks:
             await link.send(self._request_id, seq, view, request.life)
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        await self._checkpoint()
 
     async def end(self) -> None:
         for link in self._worker.outlinks:
@@ -190,13 +207,19 @@ class _ChunkIO:
             if request.inside and not inbox.statistics().current_buffer_used:
                 request.inside = False  # waiting for a chunk is not computing
                 gate.leave()
-            notice, link = await inbox.receive()
+            if inbox.statistics().current_buffer_used:
+                await trio.lowlevel.checkpoint_if_cancelled()
+                notice, link = inbox.receive_nowait()
+                await self._checkpoint()  # shielded: what was taken is not lost
+            else:
+                notice, link = await inbox.receive()
+                self._since_yield = 0
             if not request.inside:
                 try:
                     await gate.enter()
                 except BaseException:  # cancelled: nobody reads it, give it back
                     if link is not None and isinstance(notice, wire.Chunk) and not notice.eos:
-                        link.ack(self._request_id, notice.offset)
+                        link.ack(self._request_id, notice.offset, notice.size)
                     raise
                 request.inside = True
             if isinstance(notice, wire.Lost):
@@ -204,7 +227,7 @@ class _ChunkIO:
             elif notice.seq != request.expected:
                 request.broken = f"chunk {request.expected} of its upstream stage never arrived"
                 if link is not None and not notice.eos:  # its window and its slot back
-                    link.ack(self._request_id, notice.offset)
+                    link.ack(self._request_id, notice.offset, notice.size)
             elif notice.eos:
                 request.eof = True
                 raise StopAsyncIteration
@@ -217,7 +240,7 @@ class _ChunkIO:
                             data = link.read(notice)
                         except (RingError, wire.ProtocolError) as exc:
                             request.broken = f"chunk {notice.seq}: {exc}"
-                    link.ack(self._request_id, notice.offset)
+                    link.ack(self._request_id, notice.offset, notice.size)
                 if request.broken is None and data is not None:
                     return data
                 request.broken = request.broken or f"chunk {notice.seq} arrived without its data"
@@ -318,7 +341,7 @@ class _Worker:
                 request.inbox_send.send_nowait((notice, link))
             return
         if request is None or request.finished:  # nobody will read it
-            link.ack(request_id, notice.offset)
+            link.ack(request_id, notice.offset, notice.size)
             return
         if request.running:
             request.inbox_send.send_nowait((notice, link))  # acknowledged once read
@@ -332,7 +355,7 @@ class _Worker:
                 taken = wire.Chunk(request_id, notice.seq, notice.size, data=data, life=life)
             except (RingError, wire.ProtocolError) as exc:
                 taken = wire.Lost(request_id, f"chunk {notice.seq}: {exc}", life)
-        link.ack(request_id, notice.offset)
+        link.ack(request_id, notice.offset, notice.size)
         request.inbox_send.send_nowait((taken, None))
 
     def link_closed(self, link: InLink) -> None:
@@ -473,7 +496,7 @@ async def _accept_links(listener: trio.socket.SocketType, worker: _Worker) -> No
 async def _read_link(stream: trio.SocketStream, worker: _Worker) -> None:
     """Serve one upstream worker's connection: its frames to the requests, our
     acknowledgements back."""
-    link = InLink(stream, worker.init.window)
+    link = InLink(stream, worker.init.window, worker.init.window_bytes)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(wire.write_until_closed, link.writer)
@@ -486,7 +509,7 @@ async def _read_link(stream: trio.SocketStream, worker: _Worker) -> None:
 
 
 async def _read_link_frames(stream: trio.SocketStream, link: InLink, worker: _Worker) -> None:
-    reader = wire.FrameReader(stream, wire.DECODE_TO_READER)
+    reader = wire.FrameReader(stream, wire.DECODE_TO_READER, read_size=LINK_READ_SIZE)
     try:
         hello, *frames = await reader.receive()
         if type(hello) is not wire.Hello:
