@@ -80,8 +80,10 @@ def test_bench_from_prints_the_saved_report(capsys):
     assert main(["bench", "--from", str(saved)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("$ omni-trio bench --json\nPython 3.11.7;")
-    assert "1,026k" in out  # the asyncio twin's scenario 1, as docs/performance.md shows
-    assert "goal latency p99 <= 1 ms: 0.421" in out
+    assert "765k" in out  # the asyncio twin's scenario 1, as docs/performance.md shows
+    assert "goal latency p99 <= 1 ms: 118 (not met)" in out
+    assert "64 B: hop p50" in out  # and the process scenarios of the same run
+    assert "goal 4 KB chunks: flood >= 0.4x the socket pair's: 0.688 (yes)" in out
 
 
 # --- the command as a user meets it: checked arguments, `run`, `python -m omni_trio` ---
