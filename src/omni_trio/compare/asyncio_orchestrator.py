@@ -117,7 +117,21 @@ async def _get_batch(queue: asyncio.Queue[T]) -> list[T]:
     return batch
 
 
-class _Outbox(OutboxBase):
+class AsyncioOutboxBase(OutboxBase):
+    """What every asyncio outbox shares: its checkpoint and its end of stream."""
+
+    __slots__ = ()
+
+    @staticmethod
+    async def checkpoint() -> None:
+        await asyncio.sleep(0)
+
+    @staticmethod
+    def end_of_stream() -> EndOfOutputs:
+        return EndOfOutputs()
+
+
+class _Outbox(AsyncioOutboxBase):
     """Outputs for one consumer, a batch per handler flush (see ``omni_trio._sink``).
 
     As in the Trio driver, handler and consumers share a thread: a flush puts its
@@ -173,14 +187,6 @@ class _Outbox(OutboxBase):
         if not self._buffer:
             await self._wait()
         return self.take_ready()
-
-    @staticmethod
-    async def checkpoint() -> None:
-        await asyncio.sleep(0)
-
-    @staticmethod
-    def end_of_stream() -> EndOfOutputs:
-        return EndOfOutputs()
 
 
 @final

@@ -24,11 +24,12 @@ from typing import Any
 from .._core import ForwardFn, PrewarmFn
 from .._inbox import InboxMessage, OutputsArrived, ShutdownCall
 from .._messages import OrchOutput
-from .._sink import OutboxBase, StreamBase
+from .._sink import StreamBase
 from .._util import NoPublicConstructor, final
 from .asyncio_orchestrator import (
     END_OF_OUTPUTS,
     AsyncioDriver,
+    AsyncioOutboxBase,
     AsyncioStage,
     EndOfOutputs,
     run_driver,
@@ -37,7 +38,7 @@ from .asyncio_orchestrator import (
 __all__ = ["PlainAsyncioOrchestrator", "PlainRequestStream", "open_plain_asyncio_orchestrator"]
 
 
-class _Queue(OutboxBase):
+class _Queue(AsyncioOutboxBase):
     """One consumer's ``asyncio.Queue``: the handler puts each output on it as it is
     decided, the consumer takes one per ``await get()``."""
 
@@ -84,14 +85,6 @@ class _Queue(OutboxBase):
         raise NotImplementedError(
             "the plain design takes one output per await queue.get(): it has no batches"
         )
-
-    @staticmethod
-    async def checkpoint() -> None:
-        await asyncio.sleep(0)
-
-    @staticmethod
-    def end_of_stream() -> EndOfOutputs:
-        return EndOfOutputs()
 
 
 @final

@@ -326,9 +326,8 @@ class OutLink:
             self._connection.writer.send_nowait(wire.encode(wire.Drop(request_id, life)))
 
     def close(self) -> None:
-        self.gone = True
-        self._disconnect()
-        self._connected.set()
+        """This worker stops: as if the stage it sends to were gone."""
+        self.route("", gone=True)
 
 
 class InLink:

@@ -257,7 +257,6 @@ class _Worker:
         self.gate = _Gate(control)
         #: One per downstream stage (async_chunk mode), once serving.
         self.outlinks: list[OutLink] = []
-        self.inlinks: set[InLink] = set()
         self.requests: dict[str, _Request] = {}
         #: Recently released ids, oldest first, and the life they were in: chunks
         #: that trail their request's release are dropped instead of starting a
@@ -364,7 +363,6 @@ class _Worker:
         fails it -- naming the worker that died, not this stage; everything that
         worker wrote before it went is still read."""
         link.close()
-        self.inlinks.discard(link)
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -514,7 +512,6 @@ async def _read_link_frames(stream: trio.SocketStream, link: InLink, worker: _Wo
         hello, *frames = await reader.receive()
         if type(hello) is not wire.Hello:
             raise wire.ProtocolError(f"expected Hello first, got {type(hello).__name__}")  # noqa: TRY301
-        worker.inlinks.add(link)
         while True:
             for frame in frames:
                 worker.on_link_frame(link, frame)
