@@ -199,7 +199,10 @@ async def test_a_request_fails_clearly_when_no_worker_comes_back_in_time(tmp_pat
 
 async def test_a_process_stage_reports_its_statistics():
     async with open_process_stage(
-        "process_engines:stream", options=WorkerOptions(restart=True)
+        # slow enough that the request is still in flight when the submit returns
+        "process_engines:stream",
+        engine_args={"delay": 0.2},
+        options=WorkerOptions(restart=True),
     ) as stage:
         stats = stage.statistics()
         assert stats.pid == stage.pid is not None
