@@ -1,5 +1,5 @@
 """Tasks: ``nox`` runs the tests and the asyncio/Trio comparison on every supported
-Python, then lint, typecheck and docs.
+Python, the Ray backend's tests on one, then lint, typecheck and docs.
 
 ``nox -s demo`` runs the main job. Sessions use uv when it is installed.
 """
@@ -16,7 +16,7 @@ PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 LINTED = ["src", "tests", "examples", "tools", "docs/conf.py", "noxfile.py"]
 
 nox.options.default_venv_backend = "uv|virtualenv"
-nox.options.sessions = ["tests", "compare", "lint", "typecheck", "docs"]
+nox.options.sessions = ["tests", "ray", "compare", "lint", "typecheck", "docs"]
 nox.options.error_on_external_run = True
 
 
@@ -51,6 +51,15 @@ def tests(session: nox.Session) -> None:
     """The whole test suite (the server's tests included: the serve extra)."""
     session.install("-e", ".[test,serve]")
     session.run("pytest", *session.posargs)
+
+
+@nox.session(python="3.11")
+def ray(session: nox.Session) -> None:
+    """Stages on a Ray cluster (tests/test_ray.py, on a local multi-node cluster bound
+    to 127.0.0.1): the ray extra, on one Python. The other sessions install no Ray,
+    and skip these tests."""
+    session.install("-e", ".[test,ray]")
+    session.run("pytest", "tests/test_ray.py", *session.posargs, env={"OMNI_TRIO_REQUIRE_RAY": "1"})
 
 
 @nox.session(python=PYTHONS)

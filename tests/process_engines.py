@@ -227,3 +227,35 @@ def reads(gate: str = "", delay: float = 0.0):
             seq += 1
 
     return engine
+
+
+def records_cancel(directory: str, count: int = 1000, delay: float = 0.02):
+    """Stage 0 streams ``count`` items, one per ``delay`` seconds (and downstream,
+    when connected); a later stage relays its upstream chunks (or yields its forwarded
+    inputs). Any stage writes ``<directory>/<stage>-<request>`` when its request is
+    cancelled (or its generator closed before its end): the proof, from another
+    process, that an abort reached the engine."""
+
+    async def engine(request, io):
+        try:
+            if request.stage_id == 0:
+                for i in range(count):
+                    await trio.sleep(delay)
+                    item = f"{request.inputs}:{i}"
+                    if io.connected:
+                        await io.send(item.encode())
+                    yield item
+            elif io.connected:
+                async for chunk in io:
+                    await io.send(chunk)
+                    yield chunk.decode()
+            else:
+                for item in request.inputs:
+                    yield item
+        except BaseException:  # Cancelled, or GeneratorExit if stopped at a yield
+            marker = os.path.join(directory, f"{request.stage_id}-{request.request_id}")
+            with open(marker, "w"):  # noqa: ASYNC230 - one small file, as the engine dies
+                pass
+            raise
+
+    return engine

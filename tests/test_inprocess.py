@@ -9,6 +9,7 @@ pipeline's prefix, no worker process.
 from __future__ import annotations
 
 import functools
+import importlib.util
 from importlib.resources import files
 
 import attrs
@@ -26,6 +27,7 @@ from omni_trio.process import (
     open_inprocess_stage,
     open_process_pipeline,
     open_process_stage,
+    open_ray_stage,
     open_shm_connector,
 )
 from processes import eventually, pipeline_config, running, worker_processes
@@ -360,14 +362,55 @@ async def test_the_demo_pipeline_runs_in_process():
 
 def test_the_backend_option_is_checked():
     assert WorkerOptions().backend == "process"
-    with pytest.raises(ValueError, match="backend must be 'process' or 'inprocess', got 'ray'"):
-        WorkerOptions(backend="ray")
+    with pytest.raises(
+        ValueError, match="backend must be 'process' or 'inprocess' or 'ray', got 'threads'"
+    ):
+        WorkerOptions(backend="threads")
     text = (
         '[[stages]]\nstage_id = 0\nengine = "a.b:c"\nfinal_output = true\n'
         '[stages.runtime]\nbackend = "threads"\n'
     )
     with pytest.raises(ConfigError, match=r"stages\[0\]\.runtime: backend must be"):
         parse_pipeline(text)
+
+
+def test_ray_placement_needs_the_ray_backend():
+    options = WorkerOptions(backend="ray", num_cpus=2, num_gpus=0.5, resources={"node_tts": 1})
+    assert options.resources == {"node_tts": 1}
+    with pytest.raises(ValueError, match="resources places a Ray actor: it needs backend = 'ray'"):
+        WorkerOptions(resources={"node_tts": 1})
+    with pytest.raises(ValueError, match="num_cpus places a Ray actor"):
+        attrs.evolve(options, backend="process")
+    with pytest.raises(ValueError, match=r"resources\.gpu_big must be a number > 0, got 0"):
+        WorkerOptions(backend="ray", resources={"gpu_big": 0})
+    with pytest.raises(ValueError, match="num_gpus must be a number >= 0, got -1"):
+        WorkerOptions(backend="ray", num_gpus=-1)
+    text = (
+        '[[stages]]\nstage_id = 0\nengine = "a.b:c"\nfinal_output = true\n'
+        '[stages.runtime]\nbackend = "ray"\nnum_cpus = 1\nresources = { node_tts = 1 }\n'
+        '[pipeline]\nray_address = "auto"\n'
+    )
+    config = parse_pipeline(text)
+    assert config.stages[0].runtime.resources == {"node_tts": 1}
+    assert config.pipeline.ray_address == "auto"
+    with pytest.raises(ConfigError, match=r"stages\[0\]\.runtime: num_cpus places a Ray actor"):
+        parse_pipeline(text.replace('backend = "ray"', 'backend = "process"'))
+
+
+@pytest.mark.parametrize(
+    ("restart", "max_restarts", "allowed"),
+    [(False, None, 0), (True, None, 99), (False, 2, 2), (True, 0, 0), (True, 1, 1)],
+)
+def test_max_restarts_bounds_the_restarts(restart, max_restarts, allowed):
+    options = WorkerOptions(restart=restart, max_restarts=max_restarts)
+    assert [options.may_restart(n) for n in range(99)] == [n < allowed for n in range(99)]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is not None, reason="Ray is installed")
+async def test_a_ray_stage_without_ray_says_how_to_get_it():
+    with pytest.raises(RuntimeError, match=r"needs Ray.*pip install 'omni-trio\[ray\]'"):
+        async with open_ray_stage("process_engines:stream"):
+            pytest.fail("must not start")  # pragma: no cover
 
 
 @bounded

@@ -110,6 +110,11 @@ class PipelineSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     """With the shm connector: the size of the shared-memory ring each sending worker
     keeps per worker it sends to; a chunk must fit in it, and a full one makes the
     sender wait."""
+    ray_address: str | None = None
+    """For stages with ``backend = "ray"``: the Ray cluster to join (``"auto"``: the
+    one ``ray start`` runs on this machine; ``"127.0.0.1:6379"``: that one's head);
+    absent: the cluster this process is connected to, else a local one started for
+    the pipeline, on loopback only."""
 
 
 class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):

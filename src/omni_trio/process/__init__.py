@@ -2,7 +2,8 @@
 
 :func:`open_process_stage` runs a stage's engine (see :data:`Engine`) in its own
 process and hands back a :class:`~omni_trio.Stage`; :func:`open_inprocess_stage` runs
-the same engine in a task of the current process; :func:`open_shm_connector` links
+the same engine in a task of the current process, :func:`open_ray_stage` in a Ray
+actor on a node of a cluster; :func:`open_shm_connector` links
 the workers so that they stream chunks to each other in async_chunk mode;
 :func:`open_process_pipeline` starts a whole pipeline from a config.
 """
@@ -25,6 +26,11 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from ._options import WorkerOptions as WorkerOptions
     from ._pipeline import ProcessPipeline as ProcessPipeline
     from ._pipeline import open_process_pipeline as open_process_pipeline
+    from ._ray import LocalRayCluster as LocalRayCluster
+    from ._ray import RaySession as RaySession
+    from ._ray import local_ray_cluster as local_ray_cluster
+    from ._ray import open_ray_session as open_ray_session
+    from ._ray import open_ray_stage as open_ray_stage
     from ._stage import ProcessStage as ProcessStage
     from ._stage import ProcessStageStatistics as ProcessStageStatistics
     from ._stage import WorkerUnavailableError as WorkerUnavailableError
@@ -46,6 +52,13 @@ _EXPORTS = {
     ],
     "._options": ["WorkerOptions"],
     "._pipeline": ["ProcessPipeline", "open_process_pipeline"],
+    "._ray": [
+        "LocalRayCluster",
+        "RaySession",
+        "local_ray_cluster",
+        "open_ray_session",
+        "open_ray_stage",
+    ],
     "._stage": [
         "ProcessStage",
         "ProcessStageStatistics",

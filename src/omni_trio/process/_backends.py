@@ -12,10 +12,11 @@ worker is. A :class:`WorkerLauncher` says only what it is:
   omni_trio.process.worker``, connected over an inherited socket pair.
 - :class:`TaskLauncher` (``backend = "inprocess"``): ``_serve`` in a task of this
   Trio run, connected over a socket pair exactly as a process would be.
+- ``RayLauncher`` (``backend = "ray"``, :mod:`omni_trio.process._ray`): ``_serve``
+  in a Ray actor on a node of a cluster, connected back to us over TCP.
 
 A launcher makes the connection and starts the worker; a :class:`WorkerHandle` lets
-the connection kill it and wait for it to end. A cluster backend (an actor that runs
-``_serve`` over a TCP connection) is a third launcher.
+the connection kill it and wait for it to end.
 """
 
 from __future__ import annotations
@@ -40,9 +41,23 @@ __all__ = [
     "TaskLauncher",
     "WorkerHandle",
     "WorkerLauncher",
+    "WorkerPlace",
 ]
 
 logger = logging.getLogger("omni_trio.process")
+
+
+@final
+@attrs.frozen
+class WorkerPlace:
+    """Where a worker that is not a child of ours runs: a Ray actor on a node."""
+
+    node_id: str
+    node_ip: str
+    actor_id: str
+
+    def __str__(self) -> str:
+        return f"Ray actor {self.actor_id[:8]} on node {self.node_id[:8]} at {self.node_ip}"
 
 
 class WorkerHandle(Protocol):
@@ -50,7 +65,12 @@ class WorkerHandle(Protocol):
 
     @property
     def pid(self) -> int | None:
-        """Its process id; ``None`` for a worker that is not a process of its own."""
+        """Its process id (on its host); ``None`` for a worker that is not a
+        process of its own."""
+
+    @property
+    def place(self) -> WorkerPlace | None:
+        """Where it runs, when that is not this host's process table (``None``)."""
 
     def kill(self) -> None:
         """End it now, as a crash would (a no-op once it has ended)."""
@@ -107,6 +127,8 @@ def exit_reason(code: int) -> str:
 
 @final
 class _ProcessHandle:
+    place = None
+
     def __init__(self, process: trio.Process) -> None:
         self.process = process
 
@@ -162,6 +184,7 @@ class ProcessLauncher:
 @final
 class _TaskHandle:
     pid = None
+    place = None
 
     def __init__(self) -> None:
         self._scope = trio.CancelScope()

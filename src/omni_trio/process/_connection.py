@@ -168,6 +168,9 @@ class WorkerConnection:
         if reason == CLOSED:  # the exit status says more, if it comes promptly
             with trio.move_on_after(1.0):
                 reason = await self.handle.wait()
+        place = self.handle.place
+        if place is not None:  # "... (Ray actor 52dd2411 on node 8162d4cf at 10.0.0.2)"
+            reason = f"{reason} ({place})"
         return reason
 
     def _gone(self, why: str) -> None:

@@ -67,6 +67,10 @@ class ShmConnector(metaclass=NoPublicConstructor):
           a bigger one through the sender's ring (0: every chunk through the ring).
       ring_bytes: The size of each sending worker's ring, one per reading worker it
           sends to.
+      listen_host: Where reading workers listen: ``""``, a Unix socket of their host
+          (workers on one host); an address, TCP on it (a pipeline with stages on
+          other hosts: every chunk then travels inline). A Ray actor always listens
+          on its node's address.
     """
 
     def __init__(
@@ -75,11 +79,13 @@ class ShmConnector(metaclass=NoPublicConstructor):
         prefix: str,
         inline_chunk_bytes: int,
         ring_bytes: int,
+        listen_host: str = "",
     ) -> None:
         self.routes = {source: tuple(targets) for source, targets in routes.items()}
         self.prefix = prefix
         self.inline_chunk_bytes = inline_chunk_bytes
         self.ring_bytes = ring_bytes
+        self.listen_host = listen_host
         self._sources: dict[int, list[int]] = {}
         for source, targets in self.routes.items():
             for target in targets:
@@ -172,6 +178,7 @@ async def open_shm_connector(
     prefix: str | None = None,
     inline_chunk_bytes: int = INLINE_CHUNK_BYTES,
     ring_bytes: int = RING_BYTES,
+    listen_host: str = "",
 ) -> AsyncIterator[ShmConnector]:
     """A connector for the block; ``routes`` maps a stage to the stages reading its
     chunks.
@@ -181,7 +188,8 @@ async def open_shm_connector(
     connector). A chunk of at most ``inline_chunk_bytes`` bytes travels inside its
     frame, a bigger one through a ring of ``ring_bytes`` bytes that its sending
     worker keeps for each worker it sends to; 0 sends every chunk through the ring.
-    The stages given this connector tell their workers so. Leaving the block frees
+    The stages given this connector tell their workers so. ``listen_host``: where
+    reading workers listen (see :attr:`ShmConnector.listen_host`). Leaving the block frees
     every segment with its prefix.
 
     Raises:
@@ -192,7 +200,7 @@ async def open_shm_connector(
     if ring_bytes < MIN_RING_BYTES:
         raise ValueError(f"ring_bytes must be >= {MIN_RING_BYTES}, got {ring_bytes!r}")
     connector = ShmConnector._create(
-        routes, prefix or _shm.new_prefix(), inline_chunk_bytes, ring_bytes
+        routes, prefix or _shm.new_prefix(), inline_chunk_bytes, ring_bytes, listen_host
     )
     try:
         yield connector

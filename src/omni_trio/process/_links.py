@@ -9,7 +9,10 @@ never sees a chunk.
 
 A chunk of at most ``inline_chunk_bytes`` travels inside its frame. A bigger one is
 written into the sender's shared-memory ring for that connection (``_ring``), created
-at the first such chunk; only its offset travels, and the reader copies it out.
+at the first such chunk; only its offset travels, and the reader copies it out. That
+is for workers on one host, linked by Unix sockets; a worker that other hosts may
+read from (a Ray actor) listens on TCP, and every chunk on such a link travels
+inside its frame.
 
 Flow control, per request and per downstream stage: a request may have ``window``
 chunks (and ``window_bytes`` bytes of inline chunks, which the reader holds until
@@ -43,7 +46,7 @@ import trio
 from . import _wire as wire
 from ._ring import RingError, RingReader, RingWriter
 
-__all__ = ["InLink", "OutLink", "listen_address", "ring_tag"]
+__all__ = ["InLink", "OutLink", "listen_address", "ring_tag", "tcp_address"]
 
 #: The kernel's send buffer of a chunk link, in bytes.
 LINK_SEND_BUFFER = 1 << 20
@@ -53,9 +56,26 @@ RECONNECT_DELAY = 0.1
 
 
 def listen_address(prefix: str, stage_id: int, generation: int) -> str:
-    """Where stage ``stage_id``'s worker ``generation`` listens for chunk links: a
-    Linux abstract socket name (no file to clean up), unique to the worker."""
+    """Where stage ``stage_id``'s worker ``generation`` listens for chunk links on its
+    own host: a Linux abstract socket name (no file to clean up), unique to the worker.
+    (A worker that may be read from another host listens on TCP instead; its address
+    is ``tcp_address(host, port)``.)"""
     return f"\0{prefix}-{stage_id}-{generation}"
+
+
+def tcp_address(host: str, port: int) -> str:
+    """A chunk link's TCP address, as ``Ready`` and ``Route`` carry it."""
+    return f"tcp:{host}:{port}"
+
+
+async def _open_link(address: str) -> tuple[trio.SocketStream, bool]:
+    """Connect to a reading worker; also whether the link may carry ring offsets (a
+    Unix socket: the reader shares our host, and so our shared memory). Over TCP the
+    reader may be on another host: every chunk travels inside its frame."""
+    if address.startswith("tcp:"):
+        host, _, port = address[4:].rpartition(":")
+        return await trio.open_tcp_stream(host, int(port)), False  # TCP_NODELAY is set
+    return await trio.open_unix_socket(address), True
 
 
 def ring_tag(request_id: str, seq: int) -> int:
@@ -81,10 +101,11 @@ class _Unacked:
 
 
 class _Connection:
-    __slots__ = ("ring", "scope", "stream", "writer")
+    __slots__ = ("ring", "scope", "shared_memory", "stream", "writer")
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(self, stream: trio.SocketStream, shared_memory: bool) -> None:
         self.stream = stream
+        self.shared_memory = shared_memory  # big chunks may go through a ring
         self.writer = wire.FrameWriter(stream)
         self.scope = trio.CancelScope()
         self.ring: RingWriter | None = None
@@ -142,7 +163,7 @@ class OutLink:
     async def _connect(self, address: str) -> None:
         while True:
             try:
-                stream = await trio.open_unix_socket(address)
+                stream, shared_memory = await _open_link(address)
                 # Room for a burst of big chunks in the kernel, not a wake-up per chunk.
                 stream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, LINK_SEND_BUFFER)
             except OSError:
@@ -152,7 +173,7 @@ class OutLink:
             if address != self._address or self.gone:
                 await stream.aclose()  # routed elsewhere meanwhile
                 return
-            connection = _Connection(stream)
+            connection = _Connection(stream, shared_memory)
             connection.writer.send_nowait(self._hello)
             for request_id, life in sorted(self._written.items()):
                 why = f"stage {self.target}'s worker died with its chunks"
@@ -251,7 +272,7 @@ class OutLink:
             unacked = self._unacked.get(request_id)
             if unacked is None:
                 unacked = self._unacked[request_id] = _Unacked()
-            inline = bool(limit) and size <= limit
+            inline = (bool(limit) and size <= limit) or not connection.shared_memory
             if unacked.sizes and (
                 len(unacked.sizes) >= init.window
                 or (inline and unacked.bytes + size > init.window_bytes)

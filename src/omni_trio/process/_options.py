@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from .._checks import seconds
 from .._util import final
 
-__all__ = ["BACKENDS", "INLINE_CHUNK_BYTES", "MIN_RING_BYTES", "RING_BYTES", "WorkerOptions"]
+__all__ = [
+    "BACKENDS",
+    "INLINE_CHUNK_BYTES",
+    "MIN_RING_BYTES",
+    "RAY_PLACEMENT",
+    "RING_BYTES",
+    "WorkerOptions",
+]
 
+#: The fields that say where a Ray actor is placed: only for ``backend = "ray"``.
+RAY_PLACEMENT = ("num_cpus", "num_gpus", "resources")
 #: Where a stage's worker can run (``WorkerOptions.backend``).
-BACKENDS = ("process", "inprocess")
+BACKENDS = ("process", "inprocess", "ray")
 #: Chunks of at most this many bytes travel inside their frame by default (64 KiB):
 #: the connector's and the config's default.
 INLINE_CHUNK_BYTES = 64 * 1024
@@ -19,6 +30,26 @@ INLINE_CHUNK_BYTES = 64 * 1024
 RING_BYTES = 4 * 1024 * 1024
 #: The smallest ring that may be configured.
 MIN_RING_BYTES = 64 * 1024
+
+
+def _amount(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"{attribute.name} must be a number >= 0, got {value!r}")
+
+
+def _resources(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    for name, amount in value.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"resources: a resource name must be a non-empty string, got {name!r}")
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not amount > 0:
+            raise ValueError(f"resources.{name} must be a number > 0, got {amount!r}")
+
+
+def _max_restarts(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"max_restarts must be an integer >= 0, got {value!r}")
 
 
 def _backend(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
@@ -37,14 +68,24 @@ class WorkerOptions:
     field has a default; a value out of range raises ``ValueError`` naming the field.
 
     Attributes:
-      backend: Where the worker runs: ``"process"``, a worker process of its own, or
+      backend: Where the worker runs: ``"process"``, a worker process of its own;
           ``"inprocess"``, a task of the orchestrator's own Trio run (see
-          :func:`open_inprocess_stage`). Read by :func:`open_process_pipeline`;
-          :func:`open_process_stage` and :func:`open_inprocess_stage` set it to their
-          own. An in-process worker is not pinged (``heartbeat_*`` do nothing).
+          :func:`open_inprocess_stage`); or ``"ray"``, a Ray actor placed by
+          ``num_cpus``, ``num_gpus`` and ``resources`` on a node of the pipeline's
+          cluster (see :func:`open_ray_stage`). Read by
+          :func:`open_process_pipeline`; the ``open_*_stage`` functions set it to
+          their own. An in-process worker is not pinged (``heartbeat_*`` do nothing).
       restart: Restart a dead worker: its in-flight requests fail, and later ones (and
           those submitted while it restarts) run on the new worker. Without it, the
           stage's ``outputs`` end, and the orchestrator marks the stage dead.
+      max_restarts: Restart a dead worker at most this many times over the stage's
+          life, whatever ``restart`` says (as Ray's actor option of that name);
+          ``None``: ``restart`` decides, with no bound.
+      num_cpus, num_gpus: A Ray stage's actor asks its node for this many CPUs and
+          GPUs (``None``: Ray's defaults: 1 CPU to be placed, none held while it
+          runs; no GPU).
+      resources: A Ray stage's custom resources, e.g. ``{"node_tts": 1}``: its
+          actor goes to a node that has them.
       heartbeat_interval: Seconds between pings to the worker.
       heartbeat_timeout: A worker silent this long is dead (it is killed).
       startup_timeout: Seconds a worker may take to load its engine; also how long a
@@ -64,3 +105,21 @@ class WorkerOptions:
     startup_timeout: float = attrs.field(default=30.0, validator=seconds(positive=True))
     shutdown_grace: float = attrs.field(default=5.0, validator=seconds(positive=False))
     completion_delay: float = attrs.field(default=0.0, validator=seconds(positive=False))
+    max_restarts: int | None = attrs.field(default=None, validator=_max_restarts)
+    num_cpus: float | None = attrs.field(default=None, validator=_amount)
+    num_gpus: float | None = attrs.field(default=None, validator=_amount)
+    resources: dict[str, float] = attrs.field(factory=dict, converter=dict, validator=_resources)
+
+    def __attrs_post_init__(self) -> None:
+        if self.backend != "ray":
+            for name in RAY_PLACEMENT:
+                if getattr(self, name):
+                    raise ValueError(
+                        f"{name} places a Ray actor: it needs backend = 'ray', not {self.backend!r}"
+                    )
+
+    def may_restart(self, restarts: int) -> bool:
+        """Whether a stage that restarted its worker ``restarts`` times restarts it again."""
+        if self.max_restarts is not None:
+            return restarts < self.max_restarts
+        return self.restart

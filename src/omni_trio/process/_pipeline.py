@@ -1,9 +1,11 @@
-"""A whole pipeline of stages, each in a worker process or in-process, from a config."""
+"""A whole pipeline of stages -- each in a worker process, in-process or in a Ray
+actor -- from a config."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -17,9 +19,6 @@ if TYPE_CHECKING:  # the config module depends on this wing, not the other way r
     from ..config import PipelineConfig
 
 __all__ = ["ProcessPipeline", "open_process_pipeline"]
-
-#: How a stage is opened, by its ``[stages.runtime] backend``.
-_OPENERS = {"process": open_process_stage, "inprocess": open_inprocess_stage}
 
 
 @final
@@ -60,8 +59,11 @@ class ProcessPipeline:
 @asynccontextmanager
 async def open_process_pipeline(config: PipelineConfig) -> AsyncIterator[ProcessPipeline]:
     """Start a worker per stage of ``config`` (and the connector that links them): a worker
-    process (:func:`open_process_stage`), or a task of this process for a stage whose
-    ``[stages.runtime] backend`` is ``"inprocess"`` (:func:`open_inprocess_stage`).
+    process (:func:`open_process_stage`), or, as a stage's ``[stages.runtime]
+    backend`` says, a task of this process (``"inprocess"``,
+    :func:`open_inprocess_stage`) or a Ray actor (``"ray"``, :func:`open_ray_stage`,
+    on the cluster at ``[pipeline] ray_address``, or a local one). With Ray stages,
+    every worker that reads chunks listens on TCP: its upstream may be on another host.
 
     Leaving the block stops the workers and sweeps every shared-memory segment the
     pipeline's prefix names, whatever a dead worker left behind.
@@ -70,6 +72,18 @@ async def open_process_pipeline(config: PipelineConfig) -> AsyncIterator[Process
     config.orchestrator_functions()  # fail early on a bad function import path
     try:
         async with AsyncExitStack() as stack:
+            openers: dict[str, Any] = {
+                "process": open_process_stage,
+                "inprocess": open_inprocess_stage,
+            }
+            listen_host = ""
+            if any(stage.runtime.backend == "ray" for stage in config.stages):
+                from ._ray import open_ray_session, open_ray_stage
+
+                address = config.pipeline.ray_address
+                session = await stack.enter_async_context(open_ray_session(address))
+                listen_host = session.host
+                openers["ray"] = partial(open_ray_stage, ray_address=address)
             connector = None
             if config.pipeline.async_chunk and config.pipeline.connector == "shm":
                 routes = {s.stage_id - 1: [s.stage_id] for s in config.stages if s.stage_id}
@@ -79,12 +93,13 @@ async def open_process_pipeline(config: PipelineConfig) -> AsyncIterator[Process
                         prefix=prefix,
                         inline_chunk_bytes=config.pipeline.inline_chunk_bytes,
                         ring_bytes=config.pipeline.ring_bytes,
+                        listen_host=listen_host,
                     )
                 )
             stages = []
             for stage in config.stages:
                 process_stage = await stack.enter_async_context(
-                    _OPENERS[stage.runtime.backend](
+                    openers[stage.runtime.backend](
                         stage.engine,
                         stage_id=stage.stage_id,
                         name=stage.label,

@@ -62,6 +62,8 @@ class ProcessStageStatistics:
           an answer to a heartbeat -- an in-process worker is not pinged); ``None``
           while there is no worker.
       in_flight: Requests the current worker holds and has not finished.
+      node_id, actor_id: A Ray stage's current actor and the node it is on
+          (``None`` while there is none, and always for other backends).
     """
 
     pid: int | None
@@ -70,6 +72,8 @@ class ProcessStageStatistics:
     deaths: int
     seconds_since_heard: float | None
     in_flight: int
+    node_id: str | None = None
+    actor_id: str | None = None
 
 
 @final
@@ -145,6 +149,7 @@ class ProcessStage(metaclass=NoPublicConstructor):
     def statistics(self) -> ProcessStageStatistics:
         """Return a snapshot of the stage's worker and counts."""
         worker = self._worker
+        place = None if worker is None else worker.handle.place
         return ProcessStageStatistics(
             pid=None if worker is None else worker.pid,
             workers_started=self._started,
@@ -152,6 +157,8 @@ class ProcessStage(metaclass=NoPublicConstructor):
             deaths=self._deaths,
             seconds_since_heard=None if worker is None else trio.current_time() - worker.last_heard,
             in_flight=0 if worker is None else len(worker.in_flight),
+            node_id=None if place is None else place.node_id,
+            actor_id=None if place is None else place.actor_id,
         )
 
     # -- the Stage protocol -----------------------------------------------------------
@@ -259,7 +266,7 @@ class ProcessStage(metaclass=NoPublicConstructor):
             logger.warning(
                 "%s: its worker died: %s (%d requests lost with it)", self.label, reason, len(lost)
             )
-            if not self.options.restart or failed_starts >= MAX_FAILED_STARTS:
+            if not self.options.may_restart(self._restarts) or failed_starts >= MAX_FAILED_STARTS:
                 self.death_cause = reason  # "stage 0 (thinker) died: exited with status 3"
                 return  # outputs end: the orchestrator marks the stage dead
             if lost:
@@ -290,6 +297,7 @@ class ProcessStage(metaclass=NoPublicConstructor):
             init.targets = list(connector.targets(self.stage_id))
             init.inline_chunk_bytes = connector.inline_chunk_bytes
             init.ring_bytes = connector.ring_bytes
+            init.listen_host = connector.listen_host
         return init
 
     async def _serve(self, worker: WorkerConnection) -> tuple[str, set[str]]:

@@ -107,7 +107,9 @@ class Init(_Message):
     ``Chunk`` frame (0: none does), a bigger one through a ring of ``ring_bytes`` per
     downstream connection. A request may have ``window`` chunks, and ``window_bytes``
     bytes of inline chunks, sent and not yet acknowledged per downstream stage; its
-    sender waits for more.
+    sender waits for more. The worker listens on a Unix socket of its host, or with
+    ``listen_host``, on TCP at that address (so that workers of other hosts can
+    connect; chunks then travel inline).
     """
 
     stage_id: int
@@ -124,6 +126,7 @@ class Init(_Message):
     ring_bytes: int = 0
     window: int = 64
     window_bytes: int = 1 << 20
+    listen_host: str = ""
 
 
 class Submit(_Message):

@@ -32,7 +32,7 @@ import trio
 from .._util import describe, import_object
 from . import _wire as wire
 from ._engine import ChunkLostError, Engine, EngineFactory, EngineRequest, Last
-from ._links import InLink, OutLink, listen_address
+from ._links import InLink, OutLink, listen_address, tcp_address
 from ._ring import RingError, RingReader
 
 __all__ = ["main"]
@@ -429,11 +429,18 @@ class _Worker:
             request.drain()
 
 
-async def _serve(control_socket: socket.socket, *, factory: EngineFactory | None = None) -> None:
+async def _serve(
+    control_socket: socket.socket,
+    *,
+    factory: EngineFactory | None = None,
+    listen_host: str | None = None,
+) -> None:
     """Serve the orchestrator on this connection until ``Shutdown`` or until it
     closes. A worker process runs it as its whole life, an in-process worker in a
-    task; ``factory``, if given, is the engine factory ``Init`` names (an in-process
-    stage may be handed one without an import path)."""
+    task, a Ray actor in its thread; ``factory``, if given, is the engine factory
+    ``Init`` names (an in-process stage may be handed one without an import path);
+    ``listen_host``, if given, is where to listen for chunk links instead of
+    ``Init.listen_host`` (a Ray actor listens on its node's address)."""
     control = trio.SocketStream(trio.socket.from_stdlib_socket(control_socket))
     reader = wire.FrameReader(control, wire.DECODE_TO_WORKER)
     writer = wire.FrameWriter(control)
@@ -460,9 +467,15 @@ async def _serve(control_socket: socket.socket, *, factory: EngineFactory | None
         worker = _Worker(init, engine, writer)
         address = ""
         if init.listen:
-            address = listen_address(init.prefix, init.stage_id, init.generation)
-            listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            await listener.bind(address)
+            host = listen_host or init.listen_host
+            if host:  # TCP: upstream workers may be on other hosts
+                listener = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                await listener.bind((host, 0))
+                address = tcp_address(host, listener.getsockname()[1])
+            else:
+                address = listen_address(init.prefix, init.stage_id, init.generation)
+                listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                await listener.bind(address)
             listener.listen(64)
             nursery.start_soon(_accept_links, listener, worker)
         worker.outlinks = [OutLink(init, target, nursery) for target in init.targets]

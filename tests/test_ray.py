@@ -1,0 +1,351 @@
+"""Stages on a Ray cluster (``backend = "ray"``), on a real multi-node local cluster.
+
+A ``ray.cluster_utils.Cluster``: a head with no CPUs, and worker nodes that carry
+distinct custom resources (``node_a``, ``node_b``; the node-loss test adds two
+``spare`` ones). Every port of it is bound to 127.0.0.1, which a test checks. It runs
+only where Ray is installed (``nox -s ray``); the rest of the suite needs no Ray.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib.resources import files
+from pathlib import Path
+
+import attrs
+import msgspec
+import pytest
+import trio
+
+from omni_trio.config import load_pipeline
+from omni_trio.process import WorkerStartError, local_ray_cluster, open_ray_stage
+from processes import eventually, pipeline_config, running
+
+if os.environ.get("OMNI_TRIO_REQUIRE_RAY"):  # nox -s ray: a missing Ray is a failure
+    import ray
+else:
+    ray = pytest.importorskip("ray")
+
+#: The name of the actor class that hosts a stage's worker.
+ACTOR_CLASS = "_StageActor"
+
+
+NODES = ("node_a", "node_b")
+
+
+class Nodes:
+    """The module's cluster, and which node carries which resource."""
+
+    def __init__(self, local):
+        self.local = local
+        self.cluster = local.cluster
+
+    def node_id(self, resource):
+        return self.local.nodes[NODES.index(resource)].node_id
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Up for the module, this process connected to it (so every stage joins it);
+    stopped, and its session files removed, at the end."""
+    with local_ray_cluster(*({name: 8} for name in NODES)) as local:
+        yield Nodes(local)
+
+
+def on(resource: str, **more: object) -> str:
+    """A stage's ``[stages.runtime]`` table: a Ray actor on the node with ``resource``."""
+    lines = ["[stages.runtime]", 'backend = "ray"', f"resources = {{ {resource} = 1 }}"]
+    lines += [f"{key} = {value}" for key, value in more.items()]
+    return "\n".join(lines)
+
+
+def bounded(seconds: float = 120):
+    def wrap(test):
+        async def run(*args, **kwargs):
+            with trio.fail_after(seconds):
+                await test(*args, **kwargs)
+
+        run.__name__ = test.__name__
+        run.__signature__ = __import__("inspect").signature(test)
+        return run
+
+    return wrap
+
+
+# -- where Ray listens ------------------------------------------------------------------------
+
+
+def _descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _listening_sockets() -> dict[int, str]:
+    """Inode -> local address of every listening TCP socket (IPv4 and IPv6)."""
+    found = {}
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                found[int(fields[9])] = fields[1][:width]
+    return found
+
+
+#: 127.0.0.0/8 as /proc/net/tcp writes it (little-endian hex); ::1 and ::ffff:127.x in tcp6.
+def _loopback(address: str) -> bool:
+    if len(address) == 8:
+        return address.endswith("7F")
+    return address == "00000000000000000000000001000000" or (
+        address.startswith("0000000000000000FFFF0000") and address.endswith("7F")
+    )
+
+
+def listeners(pids: set[int]) -> list[tuple[int, str]]:
+    """``(pid, local address)`` of every TCP socket those processes listen on."""
+    sockets = _listening_sockets()
+    found = []
+    for pid in pids:
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inode = int(target[8:-1])
+                if inode in sockets:
+                    found.append((pid, sockets[inode]))
+    return found
+
+
+@bounded()
+async def test_every_ray_process_listens_on_loopback_only(cluster):
+    config = pipeline_config(
+        ("stream", "{ count = 3 }", False, on("node_a")), ("relay", "{}", True, on("node_b"))
+    )
+    async with running(config) as (pipeline, orch):
+        async with orch.open_request("x") as stream:
+            outs = [out async for out in stream]
+        assert outs[-1].finish_reason == "completed"
+        ours = _descendants(os.getpid())
+        actors = {stage.pid for stage in pipeline.stages}
+        assert actors <= ours, "the stage actors are not processes of this cluster"
+        found = listeners(ours)
+        # the GCS, raylets, the dashboard, and the reading actor's chunk link at least
+        assert len({pid for pid, _ in found}) >= 4, found
+        assert pipeline.stages[1].pid in {pid for pid, _ in found}
+        assert [(pid, a) for pid, a in found if not _loopback(a)] == []
+
+
+# -- placement, and both modes ----------------------------------------------------------------
+
+
+@bounded()
+async def test_stages_land_on_the_nodes_their_resources_name(cluster):
+    config = pipeline_config(
+        ("stream", "{ count = 3 }", False, on("node_a")),
+        ("relay", "{}", True, on("node_b")),
+    )
+    async with running(config) as (pipeline, orch):
+        stats = [stage.statistics() for stage in pipeline.stages]
+        assert [s.node_id for s in stats] == [cluster.node_id("node_a"), cluster.node_id("node_b")]
+        assert all(s.actor_id for s in stats)
+        assert len({s.actor_id for s in stats}) == 2
+        async with orch.open_request("hi") as stream:
+            outs = [out async for out in stream]
+        stats = pipeline.stages[1].statistics()
+        assert (stats.restarts, stats.in_flight) == (0, 0)
+    assert outs[-1].finish_reason == "completed"
+    assert [o.data for o in outs if o.stage_id == 1 and o.data] == ["HI:0:0", "HI:0:1", "HI:0:2"]
+
+
+def demo_config(async_chunk: bool, placement: list[str] | None):
+    """The demo pipeline, fast, in one mode; as process stages, or on these nodes."""
+    config = load_pipeline(str(files("omni_trio.demo").joinpath("pipeline.toml")))
+    fast = {
+        0: {"tokens_per_second": 2000, "max_tokens": 12},
+        1: {"codes_per_second": 20000, "codes_per_token": 4},
+        2: {},
+    }
+    stages = []
+    for stage in config.stages:
+        runtime = stage.runtime
+        if placement is not None:
+            resources = {placement[stage.stage_id]: 1}
+            runtime = attrs.evolve(runtime, backend="ray", resources=resources)
+        stages.append(
+            msgspec.structs.replace(stage, engine_args=fast[stage.stage_id], runtime=runtime)
+        )
+    return msgspec.structs.replace(config, stages=stages).with_mode(async_chunk)
+
+
+async def run_demo(config, prompts):
+    """Every prompt at once; per prompt, its text, its audio and its terminal."""
+    results = {}
+    async with running(config) as (pipeline, orch):
+
+        async def one(prompt):
+            async with orch.open_request(prompt, request_id=prompt) as stream:
+                outs = [out async for out in stream]
+            text = "".join(o.data for o in outs if o.stage_id == 0 and o.data)
+            audio = b"".join(o.data for o in outs if o.stage_id == 2 and o.data)
+            results[prompt] = (text, audio, outs[-1].finish_reason)
+
+        async with trio.open_nursery() as nursery:
+            for prompt in prompts:
+                nursery.start_soon(one, prompt)
+        nodes = [stage.statistics().node_id for stage in pipeline.stages]
+    return results, nodes
+
+
+@pytest.mark.parametrize("async_chunk", [True, False], ids=["async_chunk", "forward"])
+@bounded()
+async def test_the_demo_on_two_nodes_says_what_it_says_on_processes(cluster, async_chunk):
+    prompts = ["Hello", "Tell me a story", "Why is the sea blue"]
+    expected, _ = await run_demo(demo_config(async_chunk, None), prompts)
+    got, nodes = await run_demo(demo_config(async_chunk, ["node_a", "node_b", "node_a"]), prompts)
+    assert nodes == [cluster.node_id(n) for n in ("node_a", "node_b", "node_a")]
+    assert got == expected
+    for text, audio, reason in got.values():
+        assert reason == "completed"
+        assert text
+        assert len(audio) > 1000
+
+
+# -- abort, and what is left ------------------------------------------------------------------
+
+
+@bounded()
+async def test_an_abort_reaches_every_stages_engine(cluster, tmp_path):
+    args = f'{{ directory = "{tmp_path}" }}'
+    config = pipeline_config(
+        ("records_cancel", args, True, on("node_a")),
+        ("records_cancel", args, False, on("node_b")),
+        ("records_cancel", args, True, on("node_a")),
+    )
+    config = msgspec.structs.replace(
+        config,
+        stages=[
+            msgspec.structs.replace(s, prewarm_func="omni_trio.demo.engines:prewarm")
+            if s.stage_id
+            else s
+            for s in config.stages
+        ],
+    )
+    async with running(config) as (_, orch):
+        async with orch.open_request("r", request_id="r") as stream:
+            async for out in stream:
+                if out.stage_id == 2 and out.data:
+                    break  # every engine is running: leaving aborts the request
+        await eventually(lambda: len(list(tmp_path.iterdir())) == 3)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["0-r", "1-r", "2-r"]
+
+
+def _our_actors(state: str | None = None):
+    from ray.util.state import list_actors
+
+    filters = [("class_name", "=", ACTOR_CLASS)]
+    if state is not None:
+        filters.append(("state", "=", state))
+    return list_actors(filters=filters, limit=1000)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z"
+
+
+@bounded()
+async def test_closing_leaves_no_actor_and_no_worker_process(cluster):
+    config = pipeline_config(
+        ("stream", "{ count = 100, delay = 0.01 }", True, on("node_a")),
+        ("relay", "{}", True, on("node_b")),
+    )
+    async with running(config) as (pipeline, orch):
+        pids = [stage.pid for stage in pipeline.stages]
+        actors = {stage.statistics().actor_id for stage in pipeline.stages}
+        async with orch.open_request("x") as stream:
+            async for out in stream:
+                if out.stage_id == 1:
+                    break  # and close with requests in flight
+    assert all(pids)
+    alive = await trio.to_thread.run_sync(_our_actors, "ALIVE")
+    assert [a.actor_id for a in alive if a.actor_id in actors] == []
+    assert [a.name for a in await trio.to_thread.run_sync(_our_actors) if a.name] == []
+    await eventually(lambda: not any(_alive(pid) for pid in pids))
+
+
+@bounded()
+async def test_an_actor_no_node_can_take_is_a_clear_start_error(cluster):
+    from omni_trio.process import WorkerOptions
+
+    options = WorkerOptions(backend="ray", resources={"nowhere": 1}, startup_timeout=2.0)
+    with pytest.raises(WorkerStartError, match=r"no Ray node took its actor .*nowhere: 1"):
+        async with open_ray_stage("process_engines:stream", name="lost", options=options):
+            pytest.fail("must not start")  # pragma: no cover
+    pending = await trio.to_thread.run_sync(_our_actors)
+    assert [a.state for a in pending if a.state not in ("DEAD",)] == []
+
+
+# -- node loss --------------------------------------------------------------------------------
+
+
+@bounded(180)
+async def test_a_lost_node_fails_only_its_requests_and_the_stage_comes_back(cluster):
+    # Ray starts a node from the main thread only: the loop waits, before anything runs
+    spares = [cluster.local.add_node({"spare": 1}) for _ in "ab"]
+    doomed = pipeline_config(
+        ("stream", "{ count = 3000, delay = 0.01 }", True, on("spare", max_restarts=1))
+    )
+    safe = pipeline_config(("stream", "{ count = 500, delay = 0.01 }", True, on("node_a")))
+    async with running(doomed) as (lost, lost_orch), running(safe) as (_, safe_orch):
+        node_id = lost.stages[0].statistics().node_id
+        (node,) = [n for n in spares if n.node_id == node_id]
+        terminals = {}
+        streaming = {"lost": trio.Event(), "safe": trio.Event()}
+
+        async def read(name, orch, request_id):
+            async with orch.open_request("x", request_id=request_id) as stream:
+                async for out in stream:
+                    streaming[name].set()
+                    if out.finished:
+                        terminals[name] = (out, trio.current_time())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read, "lost", lost_orch, "doomed")
+            nursery.start_soon(read, "safe", safe_orch, "safe")
+            await streaming["lost"].wait()
+            await streaming["safe"].wait()
+            removed_at = trio.current_time()
+            await trio.to_thread.run_sync(cluster.cluster.remove_node, node, False)
+        out, ended_at = terminals["lost"]
+        assert out.finish_reason == "error"
+        assert ended_at - removed_at <= 5.0
+        assert "stage 0" in out.error
+        assert f"node {node_id[:8]}" in out.error
+        assert terminals["safe"][0].finish_reason == "completed"
+        # max_restarts = 1: a new actor, on the other spare node, takes the next request
+        async with lost_orch.open_request("again") as stream:
+            outs = [o async for o in stream]
+        assert outs[-1].finish_reason == "completed"
+        stats = lost.stages[0].statistics()
+        assert stats.restarts == 1
+        assert stats.node_id not in (None, node_id)
