@@ -59,7 +59,13 @@ def ray(session: nox.Session) -> None:
     to 127.0.0.1): the ray extra, on one Python. The other sessions install no Ray,
     and skip these tests."""
     session.install("-e", ".[test,ray]")
-    session.run("pytest", "tests/test_ray.py", *session.posargs, env={"OMNI_TRIO_REQUIRE_RAY": "1"})
+    session.run(
+        "pytest",
+        "tests/test_ray.py",
+        "tests/test_ray_bench.py",
+        *session.posargs,
+        env={"OMNI_TRIO_REQUIRE_RAY": "1"},
+    )
 
 
 @nox.session(python=PYTHONS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import importlib.util
 import io
 import json
 import os
@@ -194,6 +195,11 @@ BAD_ARGUMENTS = [
     ("run bad.toml --prompt hi", "bad.toml: stages[0]: Object missing required field `engine`"),
     ("compare -k nothing", "omni-trio compare: -k must match a scenario key, 'nothing' matches"),
     ("bench --from nope.json", "omni-trio bench: --from must name a readable file, 'nope.json'"),
+    *(
+        []
+        if importlib.util.find_spec("ray")
+        else [("bench --only ray", "omni-trio bench: --only ray needs Ray, which is not installed")]
+    ),
     ("", "omni-trio: the following arguments are required: COMMAND"),
     ("serv", "omni-trio: argument COMMAND: invalid choice: 'serv'"),
     ("serve --port 70000", "omni-trio serve: --port must be a port number 0-65535, got 70000"),

@@ -130,6 +130,10 @@ def _check_compare(args: argparse.Namespace) -> None:
 
 def _check_bench(args: argparse.Namespace) -> None:
     args.report = None
+    if args.only == "ray" and args.from_file is None and not _importable("ray"):
+        raise _UsageError(
+            "--only ray needs Ray, which is not installed: pip install 'omni-trio[ray]'"
+        )
     if args.from_file is not None:
         try:
             with open(args.from_file) as saved:
@@ -597,15 +601,18 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "possible, so the figures are the orchestrator's own cost. Then the process "
         "scenarios: chunks and outputs between worker processes, and the demo pipeline "
         "unpaced, each beside its floor (two bare processes and a socket pair) measured "
-        "in the same run, with the goals they are held to.",
+        "in the same run, with the goals they are held to. Then, if Ray is installed, "
+        "two Ray stages on different nodes of a local cluster beside the same stages as "
+        "worker processes, and a node's death.",
     )
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bench.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     bench.add_argument(
         "--only",
-        choices=["inprocess", "process"],
-        help="run only the in-process scenarios, or only the process scenarios "
-        "(worker processes against their floors)",
+        choices=["inprocess", "process", "ray"],
+        help="run only the in-process scenarios, only the process scenarios "
+        "(worker processes against their floors), or only the Ray scenarios (Ray "
+        "stages on a local two-node cluster beside worker processes)",
     )
     bench.add_argument(
         "--from",

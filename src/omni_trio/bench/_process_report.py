@@ -23,7 +23,7 @@ from rich.table import Table
 
 from ._process import DEMO_LEVELS, QUICK_DEMO_LEVELS, SHM_WINDOW, SIZES
 
-__all__ = ["goals", "header", "print_process_report", "run_process_bench"]
+__all__ = ["goals", "header", "print_header", "print_process_report", "run_process_bench"]
 
 MIB = 1024 * 1024
 #: Chunks up to this size are held to the socket pair; bigger ones to the shm copy.
@@ -46,7 +46,7 @@ def header(*, command: str, quick: bool) -> dict[str, Any]:
     return {
         "command": command,
         "python": platform.python_version(),
-        "packages": {name: installed(name) for name in ("omni-trio", "trio", "msgspec")},
+        "packages": {name: installed(name) for name in ("omni-trio", "trio", "msgspec", "ray")},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "quick": quick,
     }
@@ -235,16 +235,21 @@ def _rows(process: dict[str, Any]) -> list[tuple[str, ...]]:
     return rows
 
 
+def print_header(report: dict[str, Any], console: Console) -> None:
+    """The command and the machine, for a report without the in-process table."""
+    packages = ", ".join(f"{k} {v}" for k, v in report["packages"].items() if v)
+    console.print(f"$ {report['command']}")
+    console.print(
+        f"Python {report['python']}; {packages}; {report['machine']['cpus']} CPUs"
+        + ("; --quick (sizes too small to compare)" if report["quick"] else "")
+    )
+
+
 def print_process_report(report: dict[str, Any], console: Console) -> None:
     """The process scenarios' table, then how many goals are met."""
     process = report["process"]
     if "results" not in report:  # the in-process table, which says this, is not there
-        packages = ", ".join(f"{k} {v}" for k, v in report["packages"].items() if v)
-        console.print(f"$ {report['command']}")
-        console.print(
-            f"Python {report['python']}; {packages}; {report['machine']['cpus']} CPUs"
-            + ("; --quick (sizes too small to compare)" if report["quick"] else "")
-        )
+        print_header(report, console)
     table = Table(title="Worker processes: omni_trio against its floors, in the same run")
     table.add_column("scenario")
     for column in ("omni_trio", "floor", "ratio", "goal", "met?"):

@@ -23,7 +23,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ._process_report import header, print_process_report, run_process_bench
+from ._process_report import header, print_header, print_process_report, run_process_bench
+from ._ray_report import print_ray_report, ray_installed, run_ray_bench
 
 __all__ = ["goals", "print_report", "run_bench"]
 
@@ -50,19 +51,29 @@ ROWS = [
 
 
 def run_bench(*, quick: bool, command: str, only: str | None = None) -> dict[str, Any] | None:
-    """Run the in-process scenarios, then the process scenarios (``only``:
-    ``"inprocess"`` or ``"process"``, just those); the report, or ``None`` if a run
-    failed (its error output is printed)."""
-    if only == "process":
+    """Run the in-process scenarios, then the process scenarios, then the Ray
+    scenarios if Ray is installed (``only``: ``"inprocess"``, ``"process"`` or
+    ``"ray"``, just those); the report, or ``None`` if a run failed (its error output
+    is printed)."""
+    if only in ("process", "ray"):
         report: dict[str, Any] | None = header(command=command, quick=quick)
     else:
         report = _run_inprocess(quick=quick, command=command)
     if report is None or only == "inprocess":
         return report
-    process = run_process_bench(quick=quick, console=Console(stderr=True))
-    if process is None:
-        return None
-    report["process"] = process
+    console = Console(stderr=True)
+    if only != "ray":
+        process = run_process_bench(quick=quick, console=console)
+        if process is None:
+            return None
+        report["process"] = process
+    if only == "ray" or ray_installed():
+        ray = run_ray_bench(quick=quick, console=console)
+        if ray is None:
+            return None
+        report["ray"] = ray
+    else:
+        report["ray_skipped"] = "Ray is not installed: pip install 'omni-trio[ray]'"
     return report
 
 
@@ -163,6 +174,12 @@ def print_report(report: dict[str, Any]) -> None:
         _print_inprocess(report)
     if "process" in report:
         print_process_report(report, Console())
+    if "ray" in report:
+        if "results" not in report and "process" not in report:
+            print_header(report, Console())
+        print_ray_report(report, Console())
+    elif "ray_skipped" in report:
+        Console().print(f"Ray scenarios skipped: {report['ray_skipped']}")
 
 
 def _print_inprocess(report: dict[str, Any]) -> None:

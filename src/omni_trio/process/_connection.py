@@ -164,10 +164,10 @@ class WorkerConnection:
                 nursery.start_soon(self._heartbeat)
             nursery.start_soon(self._wait)
         reason = self._gone_because or "unknown"
-        self.handle.kill()
-        if reason == CLOSED:  # the exit status says more, if it comes promptly
+        if reason == CLOSED:  # its own end (an exit status) says more, if it comes promptly
             with trio.move_on_after(1.0):
                 reason = await self.handle.wait()
+        self.handle.kill()
         place = self.handle.place
         if place is not None:  # "... (Ray actor 52dd2411 on node 8162d4cf at 10.0.0.2)"
             reason = f"{reason} ({place})"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -45,6 +46,10 @@ def _resources(instance: object, attribute: attrs.Attribute[Any], value: Any) ->
             raise ValueError(f"resources: a resource name must be a non-empty string, got {name!r}")
         if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not amount > 0:
             raise ValueError(f"resources.{name} must be a number > 0, got {amount!r}")
+
+
+def _as_resources(value: Mapping[str, float]) -> dict[str, float]:
+    return dict(value)
 
 
 def _max_restarts(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -108,7 +113,9 @@ class WorkerOptions:
     max_restarts: int | None = attrs.field(default=None, validator=_max_restarts)
     num_cpus: float | None = attrs.field(default=None, validator=_amount)
     num_gpus: float | None = attrs.field(default=None, validator=_amount)
-    resources: dict[str, float] = attrs.field(factory=dict, converter=dict, validator=_resources)
+    resources: dict[str, float] = attrs.field(
+        factory=dict, converter=_as_resources, validator=_resources
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.backend != "ray":

@@ -69,6 +69,9 @@ logger = logging.getLogger("omni_trio.process")
 #: Ray's blocking calls (init, shutdown, creating actors) at once, in threads.
 RAY_THREADS = 4
 
+#: Seconds a killed actor's end may take to be confirmed by Ray (see _ActorHandle.wait).
+KILL_CONFIRM = 2.0
+
 #: The bytes of an actor's first line (its hello), at most.
 _HELLO_LIMIT = 4096
 
@@ -262,8 +265,9 @@ def _death(exc: BaseException) -> str:
             for line in str(exc).splitlines()
             if line.strip().startswith(("The actor is dead because", "The actor died because"))
         ]
-        if because:
-            return "its Ray actor died: " + because[-1].removeprefix("The actor ").rstrip(".")
+        if because:  # "The actor died because its node has died." -> "its node has died"
+            cause = because[-1].split(" because ", 1)[1].rstrip(".")
+            return f"its Ray actor died: {cause}"
         return f"its Ray actor died ({type(exc).__name__})"
     first = str(exc).strip().splitlines()
     return f"its Ray actor raised {type(exc).__name__}" + (f": {first[-1]}" if first else "")
@@ -308,6 +312,14 @@ class _ActorHandle:
                 logger.debug("ray.kill failed", exc_info=True)
 
     async def wait(self) -> str:
+        """Wait for the actor's end, as Ray reports it; once we killed it, for
+        ``KILL_CONFIRM`` seconds at most (a dead node's actors are confirmed dead
+        only when Ray notices the node is gone)."""
+        if self._killed:
+            with trio.move_on_after(KILL_CONFIRM):
+                await self._ended.wait()
+            if not self._ended.is_set():
+                return f"killed (Ray did not confirm its end within {KILL_CONFIRM:g} s)"
         await self._ended.wait()
         return self._reason
 
