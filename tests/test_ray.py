@@ -8,7 +8,9 @@ only where Ray is installed (``nox -s ray``); the rest of the suite needs no Ray
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 from importlib.resources import files
 from pathlib import Path
 
@@ -349,3 +351,37 @@ async def test_a_lost_node_fails_only_its_requests_and_the_stage_comes_back(clus
         stats = lost.stages[0].statistics()
         assert stats.restarts == 1
         assert stats.node_id not in (None, node_id)
+
+
+@bounded(120)
+async def test_a_silent_actor_is_found_by_its_heartbeat_and_replaced(cluster):
+    """A host that goes silent closes nothing (power lost, network cut): here the
+    actor's process is stopped. The heartbeat notices it, its request ends with an
+    error naming the node within 5 s, and a new actor takes the next request."""
+    runtime = on("node_a", heartbeat_interval=0.2, heartbeat_timeout=1.0, max_restarts=1)
+    config = pipeline_config(("stream", "{ count = 3000, delay = 0.01 }", True, runtime))
+    async with running(config) as (pipeline, orch):
+        stage = pipeline.stages[0]
+        pid, node_id = stage.pid, stage.statistics().node_id
+        pid_stopped = stopped_at = None
+        try:
+            async with orch.open_request("x") as stream:
+                async for out in stream:
+                    if not out.finished and out.stage_id == 0 and pid is not None:
+                        os.kill(pid, signal.SIGSTOP)
+                        stopped_at, pid_stopped, pid = trio.current_time(), pid, None
+            ended_at = trio.current_time()
+        finally:
+            if pid_stopped is not None:
+                with contextlib.suppress(ProcessLookupError):  # if it outlived its kill
+                    os.kill(pid_stopped, signal.SIGKILL)
+        terminal = stream.terminal
+        assert terminal.finish_reason == "error"
+        assert ended_at - stopped_at <= 5.0
+        assert "no heartbeat for 1.0 s" in terminal.error
+        assert f"node {node_id[:8]}" in terminal.error
+        async with orch.open_request("again") as stream:
+            outs = [o async for o in stream]
+        assert outs[-1].finish_reason == "completed"
+        assert stage.statistics().restarts == 1
+    await eventually(lambda: not _alive(pid_stopped))

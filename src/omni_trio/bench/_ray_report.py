@@ -134,7 +134,7 @@ def print_ray_report(report: dict[str, Any], console: Console) -> None:
     for number, trial in enumerate(results["node_death"]["trials"], 1):
         last = number == len(results["node_death"]["trials"])
         table.add_row(
-            f"node death -> error terminal, trial {number}",
+            f"node death -> error, trial {number}",
             f"{trial['seconds']:.2f} s",
             "",
             *judged("ray.node_death" if last else ""),
