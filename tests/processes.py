@@ -22,10 +22,17 @@ final_output = {final}
 """
 
 
-def pipeline_config(*stages, async_chunk=True, inline_chunk_bytes=None, ring_bytes=None):
+def pipeline_config(*stages, **pipeline):
     """stages: (engine, args, final, extra) per stage. ``inline_chunk_bytes=0`` puts
     every chunk in its sender's shared-memory ring, of ``ring_bytes``: for tests of
     the rings."""
+    return parse_pipeline(pipeline_text(*stages, **pipeline))
+
+
+def pipeline_text(
+    *stages, async_chunk=True, inline_chunk_bytes=None, ring_bytes=None, ray_address=None
+):
+    """:func:`pipeline_config`'s TOML (and ``ray_address``, for Ray stages)."""
     text = f"""
 [pipeline]
 async_chunk = {str(async_chunk).lower()}
@@ -35,11 +42,13 @@ connector = "{"shm" if async_chunk else "none"}"
         text += f"inline_chunk_bytes = {inline_chunk_bytes}\n"
     if ring_bytes is not None:
         text += f"ring_bytes = {ring_bytes}\n"
+    if ray_address is not None:
+        text += f'ray_address = "{ray_address}"\n'
     for sid, (engine, args, final, extra) in enumerate(stages):
         text += STAGE.format(
             sid=sid, engine=engine, args=args, final=str(final).lower(), extra=extra
         )
-    return parse_pipeline(text)
+    return text
 
 
 def live_processes():

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 from importlib.resources import files
 from pathlib import Path
 
@@ -21,7 +23,7 @@ import trio
 
 from omni_trio.config import load_pipeline
 from omni_trio.process import WorkerStartError, local_ray_cluster, open_ray_stage
-from processes import eventually, pipeline_config, running
+from processes import eventually, pipeline_config, pipeline_text, running
 
 if os.environ.get("OMNI_TRIO_REQUIRE_RAY"):  # nox -s ray: a missing Ray is a failure
     import ray
@@ -315,7 +317,7 @@ async def test_a_lost_node_fails_only_its_requests_and_the_stage_comes_back(clus
     # Ray starts a node from the main thread only: the loop waits, before anything runs
     spares = [cluster.local.add_node({"spare": 1}) for _ in "ab"]
     doomed = pipeline_config(
-        ("stream", "{ count = 3000, delay = 0.01 }", True, on("spare", max_restarts=1))
+        ("stream", "{ count = 600, delay = 0.01 }", True, on("spare", max_restarts=1))
     )
     safe = pipeline_config(("stream", "{ count = 500, delay = 0.01 }", True, on("node_a")))
     async with running(doomed) as (lost, lost_orch), running(safe) as (_, safe_orch):
@@ -359,7 +361,7 @@ async def test_a_silent_actor_is_found_by_its_heartbeat_and_replaced(cluster):
     actor's process is stopped. The heartbeat notices it, its request ends with an
     error naming the node within 5 s, and a new actor takes the next request."""
     runtime = on("node_a", heartbeat_interval=0.2, heartbeat_timeout=1.0, max_restarts=1)
-    config = pipeline_config(("stream", "{ count = 3000, delay = 0.01 }", True, runtime))
+    config = pipeline_config(("stream", "{ count = 300, delay = 0.01 }", True, runtime))
     async with running(config) as (pipeline, orch):
         stage = pipeline.stages[0]
         pid, node_id = stage.pid, stage.statistics().node_id
@@ -385,3 +387,53 @@ async def test_a_silent_actor_is_found_by_its_heartbeat_and_replaced(cluster):
         assert outs[-1].finish_reason == "completed"
         assert stage.statistics().restarts == 1
     await eventually(lambda: not _alive(pid_stopped))
+
+
+@bounded(120)
+async def test_ctrl_c_stops_a_ray_pipeline_and_kills_its_actors(cluster, tmp_path):
+    """``omni-trio run`` of a pipeline that joins the cluster, interrupted while it
+    streams: status 130, one line, and no actor of its left alive."""
+    config = tmp_path / "ray.toml"
+    text = pipeline_text(
+        ("stream", "{ count = 3000, delay = 0.01 }", True, on("node_a")),
+        ("relay", "{}", True, on("node_b")),
+        ray_address=cluster.cluster.address,
+    )
+    config.write_text(text)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*sys.path])
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "omni_trio", "run", str(config), "--prompt", "x"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own group: the signal goes to it, not to us
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        env=env,
+    )
+    err = bytearray()
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def collect():
+                async for data in process.stderr:
+                    err.extend(data)
+
+            nursery.start_soon(collect)
+            out = b""
+            with trio.fail_after(60):
+                while b"x:0:1" not in out:  # it streams
+                    out += await process.stdout.receive_some()
+            os.killpg(process.pid, signal.SIGINT)
+            with trio.fail_after(15):
+                status = await process.wait()
+    finally:
+        if process.returncode is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
+    assert status == 130
+    assert err.decode().strip().splitlines() == ["interrupted"], err.decode()
+    assert "Traceback" not in err.decode()
+
+    with trio.fail_after(10):
+        while await trio.to_thread.run_sync(_our_actors, "ALIVE"):  # noqa: ASYNC110 - Ray's state
+            await trio.sleep(0.2)

@@ -141,14 +141,17 @@ def _enter(address: str | None) -> str:
     ray = _import_ray()
     with _Users.lock:
         if not ray.is_initialized():
-            if address is None:
-                # A local cluster is nobody else's business: loopback only.
+            if address is None:  # a local cluster is nobody else's business: loopback only
                 _Users.env_set = loopback_only()
-                # ours: Ray's warnings about its defaults (tokens, signal handlers
-                # off the main thread) are not the user's concern
-                ray.init(logging_level=logging.ERROR, configure_logging=False)
-            else:
-                ray.init(address=address, logging_level=logging.WARNING, configure_logging=False)
+            # Ray's warnings about its defaults (token authentication on, no SIGTERM
+            # handler off the main thread: our runtime handles signals) are noise here.
+            quiet = logging.getLogger("ray")
+            level = quiet.level
+            quiet.setLevel(logging.ERROR)
+            try:
+                ray.init(address=address, logging_level=logging.ERROR, configure_logging=False)
+            finally:
+                quiet.setLevel(level)
             _Users.started = True
         _Users.count += 1
         return str(ray.util.get_node_ip_address())
@@ -166,6 +169,33 @@ def _leave() -> None:
                 os.environ.pop(_LOOPBACK_ENV, None)
 
 
+async def _enter_abandonably(address: str | None) -> str:
+    """``_enter`` in a thread, which a cancel abandons: ``ray.init`` cannot be
+    interrupted, and a Ctrl-C while it starts a cluster must not wait for it (Ray's
+    own processes may be gone with the signal, and it waits a minute for them). A
+    session entered after all by the abandoned thread is left by it."""
+    lock = threading.Lock()
+    state = {"abandoned": False, "entered": False}
+
+    def enter() -> str:
+        host = _enter(address)
+        with lock:
+            state["entered"] = True
+            if state["abandoned"]:
+                _leave()  # nobody else will
+        return host
+
+    try:
+        return await trio.to_thread.run_sync(enter, abandon_on_cancel=True)
+    except BaseException:
+        with lock:
+            state["abandoned"] = True
+            entered = state["entered"]
+        if entered:  # it finished as we were cancelled: leave, without waiting
+            threading.Thread(target=_leave, name="omni_trio ray.shutdown", daemon=True).start()
+        raise
+
+
 @asynccontextmanager
 async def open_ray_session(address: str | None = None) -> AsyncIterator[RaySession]:
     """Use a Ray cluster in the block: the one this process is connected to already,
@@ -179,7 +209,7 @@ async def open_ray_session(address: str | None = None) -> AsyncIterator[RaySessi
       RuntimeError: Ray is not installed.
     """
     _import_ray()
-    host = await trio.to_thread.run_sync(_enter, address)
+    host = await _enter_abandonably(address)
     try:
         yield RaySession(address, host, trio.CapacityLimiter(RAY_THREADS))
     finally:
