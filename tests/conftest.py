@@ -47,3 +47,23 @@ def _no_shared_memory_left_behind():
         _shm.unlink(name)
     assert left == [], f"shared memory left behind: {left}"
     assert tracker_before or not _tracker_started(), "a resource tracker was started"
+
+
+@pytest.fixture(scope="session", autouse=os.environ.get("OMNI_TRIO_STAGE_BACKEND") == "ray")
+def _ray_cluster_for_every_stage():
+    """``OMNI_TRIO_STAGE_BACKEND=ray``: the tests' pipelines run on Ray actors, on a
+    local two-node cluster up for the session."""
+    from omni_trio.process import local_ray_cluster
+
+    with local_ray_cluster({"node_a": 8}, {"node_b": 8}):
+        yield
+
+
+def pytest_collection_modifyitems(config, items):
+    """``OMNI_TRIO_STAGE_BACKEND=ray``: skip what only worker processes do."""
+    if os.environ.get("OMNI_TRIO_STAGE_BACKEND") is None:
+        return
+    for item in items:
+        marker = item.get_closest_marker("process_specific")
+        if marker is not None:
+            item.add_marker(pytest.mark.skip(reason=f"process-specific: {marker.args[0]}"))

@@ -6,6 +6,8 @@ import os
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import attrs
+import msgspec
 import trio
 
 from omni_trio import open_orchestrator
@@ -22,11 +24,28 @@ final_output = {final}
 """
 
 
+#: ``OMNI_TRIO_STAGE_BACKEND=ray`` (``nox -s ray``): every config of these helpers runs
+#: its stages as Ray actors, on the cluster tests/conftest.py starts -- so the process
+#: tests hold the Ray backend to the same semantics.
+BACKEND = os.environ.get("OMNI_TRIO_STAGE_BACKEND")
+
+
 def pipeline_config(*stages, **pipeline):
     """stages: (engine, args, final, extra) per stage. ``inline_chunk_bytes=0`` puts
     every chunk in its sender's shared-memory ring, of ``ring_bytes``: for tests of
     the rings."""
-    return parse_pipeline(pipeline_text(*stages, **pipeline))
+    config = parse_pipeline(pipeline_text(*stages, **pipeline))
+    if BACKEND is None:
+        return config
+    return msgspec.structs.replace(
+        config,
+        stages=[
+            msgspec.structs.replace(s, runtime=attrs.evolve(s.runtime, backend=BACKEND))
+            if s.runtime.backend == "process"
+            else s  # a test's in-process stages stay in-process
+            for s in config.stages
+        ],
+    )
 
 
 def pipeline_text(

@@ -21,6 +21,10 @@ from omni_trio.process import _shm
 from omni_trio.process._options import MIN_RING_BYTES, RING_BYTES
 from processes import eventually, pipeline_config, running
 
+#: What these tests hold to account is mostly the shared-memory rings; a Ray stage's
+#: chunks travel inline over TCP (tests/test_ray.py sends every size between nodes).
+pytestmark = pytest.mark.process_specific("the shared-memory rings")
+
 RESTART = "[stages.runtime]\nrestart = true"
 #: The issue's size classes, and the edges of the default inline threshold (64 KiB).
 SIZES = [0, 1, 64, 4096, 48 * 1024, 65535, 65536, 65537, 1 << 20]

@@ -207,6 +207,7 @@ async def test_leaving_at_any_step_of_a_restart_leaves_no_task(steps):
 # -- pipelines ------------------------------------------------------------------------------
 
 
+@pytest.mark.process_specific("asserts the process backend by name, and rings")
 @bounded
 async def test_async_chunk_between_inprocess_and_process_stages():
     """Chunks cross from a task to a process and back, through their senders' rings;
@@ -294,6 +295,7 @@ async def test_an_inprocess_senders_ring_goes_with_its_worker():
         assert _shm.listing(connector.prefix) == []
 
 
+@pytest.mark.process_specific("asserts its pipeline's shared-memory rings")
 @pytest.mark.parametrize("backends", [("inprocess",) * 3, ("inprocess", "process", "inprocess")])
 @bounded
 async def test_leaving_with_requests_in_flight_is_prompt_and_leaves_nothing(backends):

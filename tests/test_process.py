@@ -111,6 +111,7 @@ async def test_marking_the_last_output_delays_no_output(tmp_path):
     assert [(o.data, o.finish_reason) for o in outs] == [("second", "completed")]
 
 
+@pytest.mark.process_specific("counts its pipeline's shared-memory rings")
 async def test_a_slow_talker_completion_holds_the_terminal():
     """Data and control take different routes: code2wav has every chunk, and
     finishes, before the talker's (slow) completion report arrives; the terminal
@@ -142,6 +143,7 @@ async def test_a_slow_talker_completion_holds_the_terminal():
         assert outs[-1].finish_reason == "completed"
 
 
+@pytest.mark.process_specific("a process's exit status in the error, and rings")
 @pytest.mark.parametrize("inline_chunk_bytes", [0, 65536])
 @pytest.mark.parametrize("victim", [0, 1, 2])
 async def test_sigkill_of_a_worker_mid_request(victim, inline_chunk_bytes, caplog):
@@ -182,6 +184,7 @@ async def test_sigkill_of_a_worker_mid_request(victim, inline_chunk_bytes, caplo
     assert "SIGKILL" in caplog.text
 
 
+@pytest.mark.process_specific("a process's exit status in the error")
 async def test_a_restarted_worker_serves_the_next_requests():
     config = pipeline_config(
         ("stream", "{ count = 20, delay = 0.02 }", True, ""),
@@ -205,6 +208,7 @@ async def test_a_restarted_worker_serves_the_next_requests():
         assert outs[-1].finish_reason == "completed"
 
 
+@pytest.mark.process_specific("the exact error, without a Ray actor's place")
 async def test_a_worker_that_stops_answering_heartbeats_is_dead():
     config = pipeline_config(
         (
@@ -246,6 +250,7 @@ async def test_a_hung_engine_ends_its_request_with_the_watchdogs_error():
                 assert (await stream.receive()).data == "first"
 
 
+@pytest.mark.process_specific("its engine writes to a worker process's control fd")
 async def test_a_malformed_frame_ends_the_connection(caplog):
     config = pipeline_config(("corrupts_its_control_stream", "{}", True, ""))
     async with running(config) as (_, orch):
@@ -338,6 +343,7 @@ async def test_a_pipeline_raises_bare_errors(async_chunk):
             raise KeyError("mine")
 
 
+@pytest.mark.process_specific("a process's exit status in the error")
 async def test_a_worker_that_exits_fails_its_requests_with_its_exit_status(caplog):
     config = pipeline_config(("exits", "{ code = 3 }", True, 'name = "thinker"'))
     async with running(config) as (pipeline, orch):

@@ -24,6 +24,8 @@ import trio
 from omni_trio.config import load_pipeline
 from omni_trio.process import WorkerStartError, local_ray_cluster, open_ray_stage
 from processes import eventually, pipeline_config, pipeline_text, running
+from test_dataplane import SIZES, assert_whole, run_requests
+from test_dataplane import config as dataplane_config
 
 if os.environ.get("OMNI_TRIO_REQUIRE_RAY"):  # nox -s ray: a missing Ray is a failure
     import ray
@@ -178,6 +180,34 @@ async def test_stages_land_on_the_nodes_their_resources_name(cluster):
     assert [o.data for o in outs if o.stage_id == 1 and o.data] == ["HI:0:0", "HI:0:1", "HI:0:2"]
 
 
+def placed(config, resources):
+    """``config`` with stage k a Ray actor on the node that has ``resources[k]``."""
+    stages = [
+        msgspec.structs.replace(
+            stage,
+            runtime=attrs.evolve(
+                stage.runtime, backend="ray", resources={resources[stage.stage_id]: 1}
+            ),
+        )
+        for stage in config.stages
+    ]
+    return msgspec.structs.replace(config, stages=stages)
+
+
+@bounded()
+async def test_chunks_of_every_size_cross_nodes_whole_and_in_order(cluster):
+    """Three requests at once, each chunk of every size class twice (0 B to 1 MiB),
+    from an actor on one node to an actor on another: inline over TCP, every one, and
+    no shared memory at all."""
+    config = placed(dataplane_config(SIZES, repeat=2), ["node_a", "node_b"])
+    async with running(config) as (pipeline, orch):
+        results = await run_requests(orch, ["a", "b", "c"])
+        for outputs in results.values():
+            assert_whole(outputs, SIZES * 2)
+        stats = pipeline.connector.statistics()
+        assert (stats.segments_live, stats.shm_bytes) == (0, 0)
+
+
 def demo_config(async_chunk: bool, placement: list[str] | None):
     """The demo pipeline, fast, in one mode; as process stages, or on these nodes."""
     config = load_pipeline(str(files("omni_trio.demo").joinpath("pipeline.toml")))
@@ -186,16 +216,9 @@ def demo_config(async_chunk: bool, placement: list[str] | None):
         1: {"codes_per_second": 20000, "codes_per_token": 4},
         2: {},
     }
-    stages = []
-    for stage in config.stages:
-        runtime = stage.runtime
-        if placement is not None:
-            resources = {placement[stage.stage_id]: 1}
-            runtime = attrs.evolve(runtime, backend="ray", resources=resources)
-        stages.append(
-            msgspec.structs.replace(stage, engine_args=fast[stage.stage_id], runtime=runtime)
-        )
-    return msgspec.structs.replace(config, stages=stages).with_mode(async_chunk)
+    stages = [msgspec.structs.replace(s, engine_args=fast[s.stage_id]) for s in config.stages]
+    config = msgspec.structs.replace(config, stages=stages).with_mode(async_chunk)
+    return config if placement is None else placed(config, placement)
 
 
 async def run_demo(config, prompts):

@@ -30,6 +30,9 @@ async def completion_of(stream, stage_id):
             return outs
 
 
+@pytest.mark.process_specific(
+    "chunks in a shared-memory ring go with their worker; inline over TCP they arrive"
+)
 async def test_a_restarted_worker_never_hands_a_request_another_requests_chunks():
     """Stage 1 is paused while stage 0 finishes request "a" (its chunks wait unread in
     stage 0's shared memory), then stage 0 is killed and restarted, and its new worker
@@ -84,6 +87,7 @@ async def test_a_sender_killed_right_after_completing_delivered_its_whole_stream
         await eventually(lambda: pipeline.stages[0].statistics().restarts == 1)
 
 
+@pytest.mark.process_specific("a process's exit status in the error")
 async def test_a_request_whose_chunks_stopped_with_their_worker_ends_with_an_error():
     """Stage 0 dies mid-stream: "a" ends with an error naming stage 0 -- not a hang,
     and not a failure of stage 1, which waited for the rest of "a" -- and the next
@@ -132,6 +136,7 @@ async def test_chunks_sent_while_the_reader_restarts_wait_for_its_next_worker(tm
     assert outs[-1].finish_reason == "completed"
 
 
+@pytest.mark.process_specific("a process's exit status in the error")
 @pytest.mark.parametrize("delay", [0.0, 0.05, 0.3])
 async def test_leaving_while_a_worker_restarts_returns_in_time(delay):
     """The engine exits mid-request, restart is on, and the block is left ``delay``
@@ -155,6 +160,7 @@ async def test_leaving_while_a_worker_restarts_returns_in_time(delay):
     assert trio.current_time() - leaving < grace + 2
 
 
+@pytest.mark.process_specific("looks for the starting worker among this process's children")
 async def test_leaving_during_a_slow_restart_kills_the_starting_worker(tmp_path):
     """The replacement takes 30 s to load its engine; leaving must not wait for it."""
     marker = tmp_path / "loaded-once"

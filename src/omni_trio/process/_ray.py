@@ -295,8 +295,8 @@ def _death(exc: BaseException) -> str:
             for line in str(exc).splitlines()
             if line.strip().startswith(("The actor is dead because", "The actor died because"))
         ]
-        if because:  # "The actor died because its node has died." -> "its node has died"
-            cause = because[-1].split(" because ", 1)[1].rstrip(".")
+        if because:  # "The actor died because its node has died. ..." -> "its node has died"
+            cause = because[-1].split(" because ", 1)[1].split(". ", 1)[0].rstrip(".")
             return f"its Ray actor died: {cause}"
         return f"its Ray actor died ({type(exc).__name__})"
     first = str(exc).strip().splitlines()
