@@ -39,7 +39,7 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
@@ -99,7 +99,8 @@ class RaySession:
     """This process's connection to a Ray cluster, from :func:`open_ray_session`.
 
     Attributes:
-      address: The cluster it joined (``None``: a local one it started, on loopback).
+      address: The address it was opened with (``None``: the cluster the process
+          was connected to, or a local one started on loopback).
       host: This node's address, where actors connect back to the orchestrator (and
           where the process stages of a pipeline with Ray stages listen for chunks).
       limiter: Bounds the threads that Ray's blocking calls run in.
@@ -118,23 +119,34 @@ class _Users:
     lock = threading.Lock()
     count = 0
     started = False
-    env_set = False
+    undo_loopback: Callable[[], None] | None = None
 
 
-def loopback_only() -> bool:
-    """Make the Ray nodes this process starts bind every port to 127.0.0.1 (Linux).
+def loopback_only() -> Callable[[], None]:
+    """Make the Ray nodes this process starts bind every port to 127.0.0.1 (Linux);
+    returns what undoes it.
 
     Ray decides from ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``: its processes read it
-    from their environment, this one read it when it imported Ray, so both are set.
-    Returns whether the environment variable was set here (it was not set before)."""
+    from their environment, and this one read it when it imported Ray (into
+    ``ray._private.ray_constants.ENABLE_RAY_CLUSTER``), so both are set."""
     ray = _import_ray()
-    constants = getattr(getattr(ray, "_private", None), "ray_constants", None)
-    if constants is not None and hasattr(constants, "ENABLE_RAY_CLUSTER"):
+    constants: Any = getattr(getattr(ray, "_private", None), "ray_constants", None)
+    had_constant = hasattr(constants, "ENABLE_RAY_CLUSTER")
+    constant = getattr(constants, "ENABLE_RAY_CLUSTER", None)
+    variable = os.environ.get(_LOOPBACK_ENV)
+    if had_constant:
         constants.ENABLE_RAY_CLUSTER = False
-    if os.environ.get(_LOOPBACK_ENV) == "0":
-        return False
     os.environ[_LOOPBACK_ENV] = "0"
-    return True
+
+    def undo() -> None:
+        if had_constant:
+            constants.ENABLE_RAY_CLUSTER = constant
+        if variable is None:
+            os.environ.pop(_LOOPBACK_ENV, None)
+        else:
+            os.environ[_LOOPBACK_ENV] = variable
+
+    return undo
 
 
 def _enter(address: str | None) -> str:
@@ -142,7 +154,7 @@ def _enter(address: str | None) -> str:
     with _Users.lock:
         if not ray.is_initialized():
             if address is None:  # a local cluster is nobody else's business: loopback only
-                _Users.env_set = loopback_only()
+                _Users.undo_loopback = loopback_only()
             # Ray's warnings about its defaults (token authentication on, no SIGTERM
             # handler off the main thread: our runtime handles signals) are noise here.
             quiet = logging.getLogger("ray")
@@ -164,9 +176,9 @@ def _leave() -> None:
         if _Users.count == 0 and _Users.started:
             _Users.started = False
             ray.shutdown()
-            if _Users.env_set:
-                _Users.env_set = False
-                os.environ.pop(_LOOPBACK_ENV, None)
+            if _Users.undo_loopback is not None:
+                _Users.undo_loopback()
+                _Users.undo_loopback = None
 
 
 async def _enter_abandonably(address: str | None) -> str:
@@ -545,7 +557,7 @@ def local_ray_cluster(*nodes: Mapping[str, float], cpus: int = 2) -> Iterator[Lo
     ray = _import_ray()
     from ray.cluster_utils import Cluster
 
-    env_set = loopback_only()
+    undo_loopback = loopback_only()
     temp = tempfile.mkdtemp(prefix="otray-", dir="/tmp")  # short: Unix socket paths
     cluster = None
     try:
@@ -559,5 +571,4 @@ def local_ray_cluster(*nodes: Mapping[str, float], cpus: int = 2) -> Iterator[Lo
         if cluster is not None:
             cluster.shutdown()
         shutil.rmtree(temp, ignore_errors=True)
-        if env_set:
-            os.environ.pop(_LOOPBACK_ENV, None)
+        undo_loopback()
