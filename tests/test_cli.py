@@ -85,6 +85,18 @@ def test_bench_from_prints_the_saved_report(capsys):
     assert "goal latency p99 <= 1 ms: 118 (not met)" in out
     assert "64 B: hop p50" in out  # and the process scenarios of the same run
     assert "goal 4 KB chunks: flood >= 0.4x the socket pair's: 0.688 (yes)" in out
+    assert "Ray scenarios" not in out  # that run predates them
+
+
+def test_bench_from_prints_the_saved_ray_report(capsys):
+    saved = Path(__file__).parent.parent / "docs" / "results" / "bench-ray-python3.11.json"
+    assert main(["bench", "--from", str(saved)]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps at the terminal width
+    assert out.startswith("$ omni-trio bench --only ray --json Python 3.11.7;")
+    assert "ray 2.60.0" in out
+    assert "4 KB: hop p50 │ 135 µs │ 108 µs │ <= 3 ms │ yes" in out  # as docs/cluster.md says
+    assert "Ray goals met: 3 of 3" in out
+    assert "node death -> error, trial 3 │ 1.83 s" in out
 
 
 # --- the command as a user meets it: checked arguments, `run`, `python -m omni_trio` ---
