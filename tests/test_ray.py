@@ -9,6 +9,7 @@ only where Ray is installed (``nox -s ray``); the rest of the suite needs no Ray
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -66,13 +67,15 @@ def on(resource: str, **more: object) -> str:
 
 
 def bounded(seconds: float = 120):
+    """The test, failing after ``seconds`` instead of hanging (a cluster is slow to
+    start actors on a loaded machine: generous)."""
+
     def wrap(test):
+        @functools.wraps(test)
         async def run(*args, **kwargs):
             with trio.fail_after(seconds):
                 await test(*args, **kwargs)
 
-        run.__name__ = test.__name__
-        run.__signature__ = __import__("inspect").signature(test)
         return run
 
     return wrap

@@ -188,6 +188,7 @@ async def test_a_request_submitted_during_a_restart_runs_on_the_new_worker():
         assert stage.statistics().restarts == 1
 
 
+@pytest.mark.process_specific("a 1 s startup_timeout, which a Ray actor's own start can exceed")
 async def test_a_request_fails_clearly_when_no_worker_comes_back_in_time(tmp_path):
     marker = tmp_path / "loaded-once"
     args = f'{{ marker = "{marker}", seconds = 30.0 }}'
