@@ -551,14 +551,20 @@ def local_ray_cluster(*nodes: Mapping[str, float], cpus: int = 2) -> Iterator[Lo
     node of ``cpus`` CPUs per mapping of custom resources given. Every port binds
     to 127.0.0.1 (:func:`loopback_only`). It blocks for seconds, and must be entered
     in the main thread (Ray sets signal handlers there): before ``trio.run``, or from
-    a synchronous fixture. At the end the cluster is stopped and its session files
-    are removed.
+    a synchronous fixture. Ray's files go to a directory of its own (``RAY_TMPDIR``
+    while it runs), not ``/tmp/ray``: at the end the cluster is stopped and that
+    directory removed.
     """
     ray = _import_ray()
     from ray.cluster_utils import Cluster
 
     undo_loopback = loopback_only()
     temp = tempfile.mkdtemp(prefix="otray-", dir="/tmp")  # short: Unix socket paths
+    # Everything of Ray's goes under it, its address file too (Ray writes that into
+    # $RAY_TMPDIR/ray, by default /tmp/ray, which need not exist)
+    os.mkdir(os.path.join(temp, "ray"))
+    saved_tmpdir = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = temp
     cluster = None
     try:
         head = {"num_cpus": 0, "temp_dir": temp}
@@ -571,4 +577,8 @@ def local_ray_cluster(*nodes: Mapping[str, float], cpus: int = 2) -> Iterator[Lo
         if cluster is not None:
             cluster.shutdown()
         shutil.rmtree(temp, ignore_errors=True)
+        if saved_tmpdir is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = saved_tmpdir
         undo_loopback()
