@@ -17,11 +17,11 @@ import sys
 from importlib.resources import files
 from pathlib import Path
 
-import attrs
 import msgspec
 import pytest
 import trio
 
+from omni_trio.bench._ray import on_nodes
 from omni_trio.config import load_pipeline
 from omni_trio.process import WorkerStartError, local_ray_cluster, open_ray_stage
 from processes import eventually, pipeline_config, pipeline_text, running
@@ -183,26 +183,12 @@ async def test_stages_land_on_the_nodes_their_resources_name(cluster):
     assert [o.data for o in outs if o.stage_id == 1 and o.data] == ["HI:0:0", "HI:0:1", "HI:0:2"]
 
 
-def placed(config, resources):
-    """``config`` with stage k a Ray actor on the node that has ``resources[k]``."""
-    stages = [
-        msgspec.structs.replace(
-            stage,
-            runtime=attrs.evolve(
-                stage.runtime, backend="ray", resources={resources[stage.stage_id]: 1}
-            ),
-        )
-        for stage in config.stages
-    ]
-    return msgspec.structs.replace(config, stages=stages)
-
-
 @bounded()
 async def test_chunks_of_every_size_cross_nodes_whole_and_in_order(cluster):
     """Three requests at once, each chunk of every size class twice (0 B to 1 MiB),
     from an actor on one node to an actor on another: inline over TCP, every one, and
     no shared memory at all."""
-    config = placed(dataplane_config(SIZES, repeat=2), ["node_a", "node_b"])
+    config = on_nodes(dataplane_config(SIZES, repeat=2), ["node_a", "node_b"])
     async with running(config) as (pipeline, orch):
         results = await run_requests(orch, ["a", "b", "c"])
         for outputs in results.values():
@@ -221,7 +207,7 @@ def demo_config(async_chunk: bool, placement: list[str] | None):
     }
     stages = [msgspec.structs.replace(s, engine_args=fast[s.stage_id]) for s in config.stages]
     config = msgspec.structs.replace(config, stages=stages).with_mode(async_chunk)
-    return config if placement is None else placed(config, placement)
+    return config if placement is None else on_nodes(config, placement)
 
 
 async def run_demo(config, prompts):

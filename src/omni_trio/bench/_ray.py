@@ -37,7 +37,7 @@ from ..config import PipelineConfig, parse_pipeline
 from ..process import LocalRayCluster, local_ray_cluster, open_process_pipeline
 from ._process import CHUNKS_TOML, Counts, _omni_chunks, best, summarize
 
-__all__ = ["RAY_SIZES", "main", "run"]
+__all__ = ["RAY_SIZES", "main", "on_nodes", "run"]
 
 #: Chunk sizes between the two Ray stages.
 RAY_SIZES = [64, 4096, 48 * 1024]
@@ -61,7 +61,9 @@ resources = {{ {resource} = 1 }}
 """
 
 
-def _on_nodes(config: PipelineConfig, resources: Sequence[str]) -> PipelineConfig:
+def on_nodes(config: PipelineConfig, resources: Sequence[str]) -> PipelineConfig:
+    """``config`` with stage k a Ray actor on the node that has the custom resource
+    ``resources[k]`` (the tests place their pipelines with it too)."""
     stages = [
         msgspec.structs.replace(
             stage,
@@ -77,7 +79,7 @@ def _on_nodes(config: PipelineConfig, resources: Sequence[str]) -> PipelineConfi
 async def chunks(counts: Counts) -> dict[str, Any]:
     runs: dict[int, dict[str, list[dict[str, float]]]] = {size: {} for size in RAY_SIZES}
     process = parse_pipeline(CHUNKS_TOML, source="bench chunks")
-    configs = {"process": process, "ray": _on_nodes(process, NODES)}
+    configs = {"process": process, "ray": on_nodes(process, NODES)}
     startup = {}
     async with (
         open_process_pipeline(configs["process"]) as by_process,
