@@ -408,6 +408,12 @@ def test_max_restarts_bounds_the_restarts(restart, max_restarts, allowed):
     assert [options.may_restart(n) for n in range(99)] == [n < allowed for n in range(99)]
 
 
+async def test_a_ray_stages_options_are_checked_before_ray_starts():
+    with pytest.raises(TypeError, match="options must be a WorkerOptions, got 'fast'"):
+        async with open_ray_stage("process_engines:stream", options="fast"):
+            pytest.fail("must not start")  # pragma: no cover
+
+
 @pytest.mark.skipif(importlib.util.find_spec("ray") is not None, reason="Ray is installed")
 async def test_a_ray_stage_without_ray_says_how_to_get_it():
     with pytest.raises(RuntimeError, match=r"needs Ray.*pip install 'omni-trio\[ray\]'"):

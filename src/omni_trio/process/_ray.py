@@ -53,7 +53,7 @@ from ._connection import WorkerStartError
 from ._connector import ShmConnector
 from ._engine import EngineFactory
 from ._options import WorkerOptions
-from ._stage import ProcessStage, _importable_path, _open_stage
+from ._stage import ProcessStage, _importable_path, _open_stage, stage_options
 
 __all__ = [
     "LocalRayCluster",
@@ -339,10 +339,6 @@ class _ActorHandle:
         self._reason = str(future.result()) if exc is None else _death(exc)
         self._ended.set()
 
-    @property
-    def ended(self) -> bool:
-        return self._ended.is_set()
-
     def kill(self) -> None:
         """``ray.kill``: the actor ends without restarting. Returns at once (the
         kill is a message to Ray; :meth:`wait` waits for its effect)."""
@@ -498,11 +494,8 @@ async def open_ray_stage(
           within ``startup_timeout``, or it could not load its engine.
       RuntimeError: Ray is not installed.
     """
+    options = stage_options(options, "ray")  # checked before Ray takes seconds to start
     async with open_ray_session(ray_address) as session:
-        if options is None:
-            options = WorkerOptions(backend="ray")
-        elif not isinstance(options, WorkerOptions):
-            raise TypeError(f"options must be a WorkerOptions, got {options!r}")
         launcher = RayLauncher(session, options, stage_label(stage_id, name or f"stage{stage_id}"))
         async with _open_stage(
             _importable_path(engine),

@@ -466,6 +466,20 @@ async def open_inprocess_stage(
         yield stage
 
 
+def stage_options(options: WorkerOptions | None, backend: str) -> WorkerOptions:
+    """An opener's ``options``, checked, with its own ``backend``.
+
+    Raises:
+      TypeError: not a :class:`WorkerOptions`.
+      ValueError: a field that ``backend`` refuses (a Ray placement elsewhere).
+    """
+    if options is None:
+        return WorkerOptions(backend=backend)
+    if not isinstance(options, WorkerOptions):
+        raise TypeError(f"options must be a WorkerOptions, got {options!r}")
+    return options if options.backend == backend else attrs.evolve(options, backend=backend)
+
+
 @asynccontextmanager
 async def _open_stage(
     engine: str,
@@ -478,13 +492,7 @@ async def _open_stage(
     connector: ShmConnector | None,
     options: WorkerOptions | None,
 ) -> AsyncIterator[ProcessStage]:
-    backend = launcher.backend
-    if options is None:
-        options = WorkerOptions(backend=backend)
-    elif not isinstance(options, WorkerOptions):
-        raise TypeError(f"options must be a WorkerOptions, got {options!r}")
-    elif options.backend != backend:
-        options = attrs.evolve(options, backend=backend)
+    options = stage_options(options, launcher.backend)
     if prefix is None:
         prefix = connector.prefix if connector is not None else _shm.new_prefix()
     stage = ProcessStage._create(
