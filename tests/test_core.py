@@ -439,7 +439,20 @@ class TestMetrics:
         assert m.first_output_times == {0: 1.5, 2: 2.0}
         assert m.stage_finish_times == {2: 2.0, 0: 2.0, 1: 4.0}
         assert m.num_outputs == 3  # a, b and the terminal c
+        assert m.stage_submit_times == {0: 1.0, 1: 1.0, 2: 1.0}  # all at admission
         assert t == OrchOutput("r", 0, "c", True, "completed")  # metrics are not compared
+
+    def test_forward_submits_each_stage_when_its_predecessor_finishes(self):
+        core = OrchestratorCore(3, {0, 2}, forward_fn=join_forward)
+        core.now = 1.0
+        core.add_request("r", "p")
+        for now, stage_id in ((2.0, 0), (3.5, 1), (4.0, 2)):
+            core.now = now
+            core.receive_output(stage_id, StageOutput("r", "x", True))
+        *_, t = core.take_outputs()
+        assert t.finished
+        assert t.metrics.stage_submit_times == {0: 1.0, 1: 2.0, 2: 3.5}
+        assert t.metrics.stage_finish_times == {0: 2.0, 1: 3.5, 2: 4.0}
 
 
 class TestConfiguration:

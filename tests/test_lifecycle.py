@@ -572,6 +572,7 @@ class TestMetrics:
             first_output_times={0: 10.25, 2: 11.0},
             stage_finish_times={0: 10.5, 2: 11.0, 1: 12.0},
             num_outputs=4,
+            stage_submit_times={0: 10.0, 1: 10.0, 2: 10.0},  # async_chunk: all at admission
         )
         assert m.e2e_latency == 2.0
         assert m.time_to_first_output(0) == 0.25  # TTFT

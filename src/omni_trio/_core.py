@@ -95,8 +95,8 @@ class ReqState:
           stage finishes and ``forward_fn`` turns it into the next stage's input.
       last_heard: Per submitted stage, when it was submitted or last sent an output
           (kept only when the watchdog is on).
-      arrival, first_output, finish_times, num_outputs: What becomes the terminal's
-          :class:`~omni_trio.RequestMetrics`.
+      arrival, submit_times, first_output, finish_times, num_outputs: What becomes the
+          terminal's :class:`~omni_trio.RequestMetrics`.
     """
 
     request_id: str
@@ -109,6 +109,7 @@ class ReqState:
     pending_final: OrchOutput | None = None
     forward_data: dict[int, list[Any]] = attrs.field(factory=dict)
     last_heard: dict[int, float] = attrs.field(factory=dict)
+    submit_times: dict[int, float] = attrs.field(factory=dict)
     first_output: dict[int, float] = attrs.field(factory=dict)
     finish_times: dict[int, float] = attrs.field(factory=dict)
     num_outputs: int = 0
@@ -443,6 +444,7 @@ class OrchestratorCore:
 
     def _submit(self, st: ReqState, stage_id: int, stage_input: Any) -> None:
         st.submitted.add(stage_id)
+        st.submit_times[stage_id] = self.now
         self._commands.append(StageSubmit(stage_id, st.request_id, stage_input, st.seq))
         if self.stage_idle_timeout is not None:
             st.last_heard[stage_id] = self.now
@@ -509,6 +511,7 @@ class OrchestratorCore:
             first_output_times=st.first_output,
             stage_finish_times=st.finish_times,
             num_outputs=st.num_outputs,
+            stage_submit_times=st.submit_times,
         )
         self._outputs.append(attrs.evolve(terminal, metrics=metrics))
 

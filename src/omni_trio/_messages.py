@@ -53,6 +53,10 @@ class RequestMetrics:
           ``first_output_times[k] - arrival_time``.
       stage_finish_times: Per stage that reported ``finished=True``, when it did.
       num_outputs: Outputs emitted to the user for the request, terminal included.
+      stage_submit_times: Per stage the request was submitted to, when the
+          orchestrator submitted it (async_chunk: every stage at admission; forward:
+          stage k+1 when stage k finished). With ``stage_finish_times`` this is each
+          stage's active span, what :func:`omni_trio.timeline.plot_timeline` draws.
     """
 
     arrival_time: float
@@ -60,6 +64,7 @@ class RequestMetrics:
     first_output_times: dict[int, float]
     stage_finish_times: dict[int, float]
     num_outputs: int
+    stage_submit_times: dict[int, float] = attrs.field(factory=dict)
 
     @property
     def e2e_latency(self) -> float:
