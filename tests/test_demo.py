@@ -16,7 +16,7 @@ from omni_trio.process import EngineRequest, Last
 
 def test_the_demo_runs_both_modes_and_writes_a_wav(tmp_path, capsys):
     output = tmp_path / "demo.wav"
-    assert main(["demo", "--quick", "--output", str(output)]) == 0
+    assert main(["demo", "--quick", "--engines", "simulated", "--output", str(output)]) == 0
     printed = capsys.readouterr().out
     assert "async_chunk" in printed
     assert "forward" in printed
@@ -29,12 +29,11 @@ def test_the_demo_runs_both_modes_and_writes_a_wav(tmp_path, capsys):
 
 def test_async_chunk_gets_the_first_audio_out_sooner(tmp_path):
     options = DemoOptions.quick(tmp_path / "x.wav")
-    options.concurrency = [1]
-    options.requests = 1
+    options.engines, options.concurrency, options.requests = "simulated", [1], 1
     # A longer answer at a model-like pace: forward waits for all of it, twice.
     options.tokens_per_second, options.max_tokens, options.codes_per_second = 100.0, 30, 400.0
-    results = trio.run(run_demo, options, Console(quiet=True))
-    by_mode = {r.mode: r for r in results}
+    report = trio.run(run_demo, options, Console(quiet=True))
+    by_mode = {r.mode: r for r in report.results}
     assert by_mode["async_chunk"].ttfp < by_mode["forward"].ttfp / 3
     assert by_mode["async_chunk"].audio_seconds == by_mode["forward"].audio_seconds
 
@@ -77,7 +76,8 @@ def test_run_reports_a_bad_config(tmp_path, capsys):
 
 def test_the_demo_options_reach_the_run(tmp_path, capsys):
     output = tmp_path / "one.wav"
-    argv = ["demo", "--quick", "--mode", "forward", "--concurrency", "1", "--requests", "1"]
+    argv = ["demo", "--quick", "--engines", "simulated", "--mode", "forward"]
+    argv += ["--concurrency", "1", "--requests", "1"]
     argv += ["--prompt", "hi", "--max-tokens", "5", "--tokens-per-second", "500"]
     argv += ["--codes-per-second", "3000", "--output", str(output)]
     assert main(argv) == 0
@@ -90,7 +90,7 @@ def test_the_demo_options_reach_the_run(tmp_path, capsys):
 def test_the_first_request_streams_its_text_live(tmp_path):
     options = DemoOptions.quick(tmp_path / "x.wav")
     options.modes, options.concurrency, options.requests = ["async_chunk"], [1], 1
-    options.prompts, options.live = ["Hello"], True
+    options.prompts, options.live, options.engines = ["Hello"], True, "simulated"
     console = Console(record=True, width=200)
     trio.run(run_demo, options, console)
     shown = console.export_text()

@@ -43,7 +43,7 @@ PROCESS_MAY_IMPORT = {"_util", "_checks", "_errors", "_messages"}
 CONFIG_MAY_IMPORT = {"_util", "_checks", "process._options"}
 #: The application: the command line, the demo, the benchmarks, the server. Nothing
 #: else uses them.
-APP = ("_cli", "__main__", "_audio", "demo", "bench", "serve")
+APP = ("_cli", "__main__", "_audio", "demo", "bench", "serve", "speech")
 #: What imports neither trio nor asyncio.
 NEUTRAL = LAYERS[0][1] | LAYERS[1][1] | LAYERS[2][1]
 LOOPS = {"trio", "asyncio", "anyio", "sniffio", "trio_util"}
@@ -172,7 +172,15 @@ def test_a_worker_process_loads_only_what_it_needs():
 
 @pytest.mark.parametrize(
     "namespace",
-    ["omni_trio", "omni_trio.process", "omni_trio.testing", "omni_trio.compare", "omni_trio.serve"],
+    [
+        "omni_trio",
+        "omni_trio.process",
+        "omni_trio.testing",
+        "omni_trio.compare",
+        "omni_trio.serve",
+        "omni_trio.speech",
+        "omni_trio.timeline",
+    ],
 )
 def test_public_names_report_their_public_namespace(namespace):
     module = __import__(namespace, fromlist=["*"])

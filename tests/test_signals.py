@@ -91,7 +91,7 @@ class Demo:
 #: would otherwise travel inside their notices): segments the stop must free.
 _DEMO_IN_SEGMENTS = (
     "import sys; import omni_trio.demo.runner as r; template = r.template; "
-    "r.template = lambda: template().with_pipeline(inline_chunk_bytes=0); "
+    "r.template = lambda *a: template(*a).with_pipeline(inline_chunk_bytes=0); "
     "from omni_trio._cli import main; sys.exit(main())"
 )
 
@@ -103,6 +103,7 @@ async def stop_the_demo(signum: int, tmp_path: Path) -> tuple[int, Demo, list[st
     command = [sys.executable, "-c", _DEMO_IN_SEGMENTS, "demo", "--mode", "async_chunk"]
     command += ["--concurrency", "2", "--requests", "20", "--tokens-per-second", "20"]
     command += ["--max-tokens", "30", "--output", str(tmp_path / "demo.wav")]
+    command += ["--engines", "simulated", "--timeline", str(tmp_path / "timeline.png")]
     process = await trio.lowlevel.open_process(
         command,
         stdout=subprocess.PIPE,
@@ -315,7 +316,9 @@ async def test_a_demo_asked_to_stop_starts_no_request(tmp_path):
     stopping = trio.Event()
     stopping.set()
     options = DemoOptions.quick(tmp_path / "x.wav")
-    assert await run_demo(options, Console(quiet=True), stopping) == []
+    report = await run_demo(options, Console(quiet=True), stopping)
+    assert report.results == []
+    assert report.wav is None
     assert not (tmp_path / "x.wav").exists()
 
 

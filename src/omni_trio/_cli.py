@@ -149,7 +149,21 @@ def _check_bench(args: argparse.Namespace) -> None:
 
 
 def _check_demo(args: argparse.Namespace) -> None:
+    from .demo.runner import resolve_engines
+
     _check_output("--output", args.output)
+    if args.timeline:
+        _check_output("--timeline", args.timeline)
+    if args.engines == "speech" and not _importable("espeakng_loader"):
+        raise _UsageError(
+            "--engines speech needs eSpeak NG, which is not installed: "
+            "pip install 'omni-trio[speech]'"
+        )
+    args.engines = resolve_engines(args.engines)
+    if args.engines == "speech" and args.codes_per_second is not None:
+        raise _UsageError(
+            "--codes-per-second paces the simulated talker, not eSpeak NG: add --engines simulated"
+        )
 
 
 def _config(args: argparse.Namespace) -> Any:
@@ -333,7 +347,7 @@ def _demo(args: argparse.Namespace) -> int:
     from functools import partial
 
     from ._runtime import run_under_signals
-    from .demo.runner import DemoOptions, results_table, run_demo, template
+    from .demo.runner import DemoOptions, results_table, run_demo
 
     output = Path(args.output)
     options = DemoOptions.quick(output) if args.quick else DemoOptions(output=output)
@@ -345,21 +359,49 @@ def _demo(args: argparse.Namespace) -> int:
         options.prompts = args.prompt
     if args.mode:
         options.modes = args.mode
+    if args.timeline is not None:
+        options.timeline = Path(args.timeline) if args.timeline else None
+    options.engines = args.engines  # resolved by the check
     console = Console()
     console.print(
-        "omni_trio demo: a simulated thinker -> talker -> code2wav pipeline, each stage its "
-        "own worker process; async_chunk streams through shared memory, forward hands each "
-        "stage its predecessor's whole output."
+        "omni_trio demo: thinker -> talker -> code2wav, each stage its own worker process; "
+        "async_chunk streams through shared memory, forward hands each stage its "
+        "predecessor's whole output.",
+        highlight=False,
     )
-    results = run_under_signals(partial(run_demo, options, console))
-    console.print(results_table(results))
+    console.print(_ENGINES_LINE[args.engines], highlight=False)
+    report = run_under_signals(partial(run_demo, options, console))
+    console.print(results_table(report.results, report.engines))
     console.print(
         "TTFT: first text token; TTFP: first audio packet; E2E: admission to terminal; "
         "RTF: E2E / audio duration (mean per request)."
     )
-    rate = template().stages[2].sample_rate
-    console.print(f"Audio of the first request: {output} (16-bit mono, {rate:,} Hz)")
+    if report.wav is not None:
+        console.print(
+            f"Audio of the first request: {report.wav} (16-bit mono, {report.sample_rate:,} Hz)",
+            highlight=False,
+        )
+        if report.engines == "speech":
+            console.print(f"It speaks: {report.spoken_text.strip()}", highlight=False)
+    if report.timeline is not None:
+        console.print(
+            f"Timeline of the first requests of each mode: {report.timeline}", highlight=False
+        )
+    elif options.timeline is not None and report.results:
+        console.print(
+            "No timeline picture: it needs matplotlib (pip install 'omni-trio[plot]').",
+            highlight=False,
+        )
     return 0
+
+
+#: The demo's second line: which engines it runs (``args.engines``, resolved).
+_ENGINES_LINE = {
+    "speech": "Engines: the thinker is simulated; eSpeak NG speaks its answer "
+    "(talker: text to phonemes, phrase by phrase; code2wav: phonemes to audio).",
+    "simulated": "Engines: simulated, the audio a melody (for real speech, install the "
+    "speech extra: pip install 'omni-trio[speech]').",
+}
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -623,10 +665,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     bench.set_defaults(run=_bench, check=_check_bench)
     demo = commands.add_parser(
         "demo",
-        help="the main job: a simulated omni pipeline in worker processes, both modes",
-        description="Run a simulated thinker -> talker -> code2wav pipeline (one worker "
-        "process per stage) in async_chunk and forward mode at several concurrencies; "
-        "stream request 0's text, write its audio as a WAV, print TTFT/TTFP/E2E/RTF.",
+        help="the main job: an omni pipeline in worker processes that speaks, both modes",
+        description="Run a thinker -> talker -> code2wav pipeline (one worker process per "
+        "stage; eSpeak NG speaks when the speech extra is installed) in async_chunk and "
+        "forward mode at several concurrencies; stream request 0's text, write its audio "
+        "as a WAV and a timeline of the first requests as a PNG, print TTFT/TTFP/E2E/RTF.",
     )
     demo.add_argument("--quick", action="store_true", help="tiny and fast (a smoke run)")
     demo.add_argument("--mode", action="append", choices=["async_chunk", "forward"])
@@ -639,6 +682,19 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     demo.add_argument("--max-tokens", type=_positive_int, help="the thinker's answer length")
     demo.add_argument("--codes-per-second", type=_positive_number, help="the talker's rate")
     demo.add_argument("--output", default="omni_trio_demo.wav", help="where the WAV goes")
+    demo.add_argument(
+        "--timeline",
+        metavar="PATH",
+        help="where the timeline picture (PNG, the plot extra) goes "
+        "(default: omni_trio_demo_timeline.png; '' for none; none with --quick)",
+    )
+    demo.add_argument(
+        "--engines",
+        choices=["auto", "speech", "simulated"],
+        default="auto",
+        help="speech: eSpeak NG talks (the speech extra); simulated: a melody; "
+        "auto (the default): speech when the extra is installed",
+    )
     demo.set_defaults(run=_demo, check=_check_demo)
     run = commands.add_parser(
         "run",

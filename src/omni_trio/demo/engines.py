@@ -48,11 +48,24 @@ _STORY_TEXT = (
 _STORY = _STORY_TEXT.split(" ")
 
 
-def response_tokens(prompt: str, count: int) -> list[str]:
+_SENTENCE_STARTS = [0] + [i + 1 for i, word in enumerate(_STORY[:-1]) if word.endswith(".")]
+
+
+def response_tokens(prompt: str, count: int, *, whole_sentences: bool = False) -> list[str]:
     """The thinker's answer: ``count`` words of a little story, starting at a place
-    that depends on ``prompt`` -- the same answer every time for the same prompt."""
-    start = zlib.crc32(str(prompt).encode()) % len(_STORY)
-    return [_STORY[(start + i) % len(_STORY)] + " " for i in range(count)]
+    that depends on ``prompt`` -- the same answer every time for the same prompt.
+
+    ``whole_sentences``: an answer to be read aloud -- it starts at the beginning of
+    a sentence and ends at the end of one (the last that fits in ``count`` words,
+    unless not even one does)."""
+    seed = zlib.crc32(str(prompt).encode())
+    if not whole_sentences:
+        start = seed % len(_STORY)
+        return [_STORY[(start + i) % len(_STORY)] + " " for i in range(count)]
+    start = _SENTENCE_STARTS[seed % len(_SENTENCE_STARTS)]
+    words = [_STORY[(start + i) % len(_STORY)] for i in range(count)]
+    ends = [i + 1 for i, word in enumerate(words) if word.endswith(".")]
+    return [word + " " for word in words[: ends[-1] if ends else count]]
 
 
 def _codes(token: str, per_token: int) -> list[int]:
@@ -79,11 +92,13 @@ def _tone_table() -> list[array[int]]:
 # -- the engines (factories, called once in each worker) -----------------------------------
 
 
-def thinker(tokens_per_second: float = 50.0, max_tokens: int = 40) -> Engine:
-    """Stage 0: text tokens at ``tokens_per_second``."""
+def thinker(
+    tokens_per_second: float = 50.0, max_tokens: int = 40, whole_sentences: bool = False
+) -> Engine:
+    """Stage 0: text tokens at ``tokens_per_second`` (see :func:`response_tokens`)."""
 
     async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
-        tokens = response_tokens(request.inputs, max_tokens)
+        tokens = response_tokens(request.inputs, max_tokens, whole_sentences=whole_sentences)
         for index, token in enumerate(tokens, 1):
             await trio.sleep(1 / tokens_per_second)
             if io.connected:

@@ -1,8 +1,11 @@
-"""``omni-trio demo``: the simulated omni pipeline, both modes, several concurrencies."""
+"""``omni-trio demo``: an omni pipeline in worker processes, both modes, several
+concurrencies -- speaking with eSpeak NG when the ``speech`` extra is installed,
+with the simulated engines otherwise."""
 
 from __future__ import annotations
 
 import statistics
+from functools import partial
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -14,12 +17,27 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from .. import open_orchestrator
+from .. import RequestMetrics, open_orchestrator
 from .._audio import write_wav
 from ..config import PipelineConfig, parse_pipeline
 from ..process import open_process_pipeline
+from ..timeline import have_matplotlib, plot_timeline
 
-__all__ = ["DemoOptions", "LevelResult", "results_table", "run_demo", "template"]
+__all__ = [
+    "DemoOptions",
+    "DemoReport",
+    "LevelResult",
+    "resolve_engines",
+    "results_table",
+    "run_demo",
+    "template",
+]
+
+#: Where each kind of engines' pipeline config is shipped.
+_TEMPLATES = {"simulated": "omni_trio.demo", "speech": "omni_trio.speech"}
+_ENGINES = {"speech": "eSpeak NG talker and code2wav", "simulated": "simulated engines"}
+#: The timeline shows this many requests of each mode (the first level's first ones).
+TIMELINE_REQUESTS = 3
 
 PROMPTS = [
     "Tell me a story about a lighthouse.",
@@ -39,11 +57,15 @@ class DemoOptions:
     max_tokens: int = 40
     codes_per_second: float = 150.0
     output: Path = Path("omni_trio_demo.wav")
+    timeline: Path | None = Path("omni_trio_demo_timeline.png")
     live: bool = True
+    #: "speech" (eSpeak NG, the speech extra), "simulated", or "auto": speech when
+    #: the extra is installed (see :func:`resolve_engines`).
+    engines: str = "auto"
 
     @classmethod
     def quick(cls, output: Path) -> DemoOptions:
-        """Seconds, not tens of seconds: for tests."""
+        """Seconds, not tens of seconds: for tests (no timeline)."""
         return cls(
             concurrency=[1, 2],
             requests=2,
@@ -51,6 +73,7 @@ class DemoOptions:
             max_tokens=10,
             codes_per_second=2000.0,
             output=output,
+            timeline=None,
             live=False,
         )
 
@@ -67,24 +90,58 @@ class LevelResult:
     audio_seconds: float
 
 
-def template() -> PipelineConfig:
-    text = files("omni_trio.demo").joinpath("pipeline.toml").read_text()
-    return parse_pipeline(text, source="omni_trio/demo/pipeline.toml")
+@attrs.frozen
+class DemoReport:
+    """What a demo run did.
+
+    Attributes:
+      engines: ``"speech"`` or ``"simulated"``: the engines it ran.
+      results: One summary per mode and concurrency that finished some request.
+      spoken_text: The first request's answer: the text its audio (the WAV) speaks.
+      sample_rate: Of the audio, as the pipeline's config says.
+      timelines: Per mode, the metrics of its first requests (what the timeline
+          picture draws).
+      wav: The WAV written, if any request finished.
+      timeline: The timeline picture written, if one was asked for, matplotlib is
+          installed and some request finished.
+    """
+
+    engines: str
+    results: list[LevelResult]
+    spoken_text: str
+    sample_rate: int
+    timelines: dict[str, list[RequestMetrics]]
+    wav: Path | None
+    timeline: Path | None
 
 
-def _configure(options: DemoOptions, mode: str) -> PipelineConfig:
-    config = template().with_mode(mode == "async_chunk")
+def resolve_engines(engines: str) -> str:
+    """``"auto"``: ``"speech"`` if the speech extra is installed, else ``"simulated"``;
+    any other choice as it is."""
+    if engines != "auto":
+        return engines
+    from ..speech import speech_available
+
+    return "speech" if speech_available() else "simulated"
+
+
+def template(engines: str = "simulated") -> PipelineConfig:
+    """The pipeline config shipped for ``engines`` (``"simulated"`` or ``"speech"``)."""
+    package = _TEMPLATES[engines]
+    text = files(package).joinpath("pipeline.toml").read_text()
+    return parse_pipeline(text, source=f"{package.replace('.', '/')}/pipeline.toml")
+
+
+def _configure(options: DemoOptions, engines: str, mode: str) -> PipelineConfig:
+    config = template(engines).with_mode(mode == "async_chunk")
     thinker, talker, code2wav = config.stages
-    thinker = msgspec.structs.replace(
-        thinker,
-        engine_args={
-            "tokens_per_second": options.tokens_per_second,
-            "max_tokens": options.max_tokens,
-        },
-    )
-    talker = msgspec.structs.replace(
-        talker, engine_args={**talker.engine_args, "codes_per_second": options.codes_per_second}
-    )
+    pace = {"tokens_per_second": options.tokens_per_second, "max_tokens": options.max_tokens}
+    thinker = msgspec.structs.replace(thinker, engine_args={**thinker.engine_args, **pace})
+    if engines == "simulated":
+        talker = msgspec.structs.replace(
+            talker,
+            engine_args={**talker.engine_args, "codes_per_second": options.codes_per_second},
+        )
     return msgspec.structs.replace(config, stages=[thinker, talker, code2wav])
 
 
@@ -96,7 +153,7 @@ async def _one(
     sample_rate: int,
     on_text: Any = None,
     audio: bytearray | None = None,
-) -> tuple[float, float, float, float]:
+) -> tuple[tuple[float, float, float, float], RequestMetrics]:
     async with orch.open_request(prompt, request_id=request_id) as stream:
         pcm_bytes = 0
         async for out in stream:
@@ -115,18 +172,21 @@ async def _one(
         raise RuntimeError(f"request {request_id}: {terminal.finish_reason}: {terminal.error}")
     metrics = terminal.metrics
     seconds = pcm_bytes / 2 / sample_rate
-    return (
+    measured = (
         metrics.time_to_first_output(0) or 0.0,
         metrics.time_to_first_output(2) or 0.0,
         metrics.e2e_latency,
         seconds,
     )
+    return measured, metrics
 
 
 async def run_demo(
     options: DemoOptions, console: Console, stopping: trio.Event | None = None
-) -> list[LevelResult]:
-    """Run every mode at every concurrency; write the first request's audio as a WAV.
+) -> DemoReport:
+    """Run every mode at every concurrency; write the first request's audio as a WAV,
+    and the first requests' timeline as a PNG (when ``options.timeline`` is set and
+    matplotlib is installed).
 
     Once ``stopping`` is set (a graceful stop: see
     :func:`omni_trio._runtime.run_under_signals`) no new request starts: the ones in
@@ -134,14 +194,16 @@ async def run_demo(
     """
     if stopping is None:
         stopping = trio.Event()
+    engines = resolve_engines(options.engines)
     results: list[LevelResult] = []
-    audio = bytearray()
-    sample_rate = template().stages[2].sample_rate  # code2wav's, as the config says
+    first = _First()
+    timelines: dict[str, list[RequestMetrics]] = {}
+    sample_rate = template(engines).stages[2].sample_rate  # code2wav's, as the config says
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
         for mode in options.modes:
             if stopping.is_set():
                 break
-            config = _configure(options, mode)
+            config = _configure(options, engines, mode)
             async with (
                 open_process_pipeline(config) as pipeline,
                 open_orchestrator(
@@ -154,12 +216,36 @@ async def run_demo(
                     level = _Level(
                         orch, options, mode, concurrency, sample_rate, console, progress, stopping
                     )
-                    result = await level.run(audio if not results else None)
+                    result = await level.run(first if not results else None)
                     if result is not None:
                         results.append(result)
-    if audio:
-        write_wav(options.output, bytes(audio), sample_rate)
-    return results
+                        timelines.setdefault(mode, level.metrics[:TIMELINE_REQUESTS])
+    wav = timeline = None
+    if first.audio:
+        write_wav(options.output, bytes(first.audio), sample_rate)
+        wav = options.output
+    if options.timeline is not None and timelines and have_matplotlib():
+        config = template(engines)
+        draw = partial(
+            plot_timeline,
+            options.timeline,
+            timelines,
+            stage_names={s.stage_id: s.label for s in config.stages},
+            output_types={s.stage_id: s.final_output_type for s in config.stages if s.final_output},
+            title=f"thinker -> talker -> code2wav ({_ENGINES[engines]})",
+        )
+        await trio.to_thread.run_sync(draw)  # a second of matplotlib, off the loop
+        timeline = options.timeline
+    text = "".join(first.text)
+    return DemoReport(engines, results, text, sample_rate, timelines, wav, timeline)
+
+
+@attrs.define
+class _First:
+    """The very first request's text and audio: shown live, spoken in the WAV."""
+
+    text: list[str] = attrs.Factory(list)
+    audio: bytearray = attrs.Factory(bytearray)
 
 
 @attrs.define
@@ -175,39 +261,58 @@ class _Level:
     progress: Progress
     stopping: trio.Event
     measured: list[tuple[float, float, float, float]] = attrs.Factory(list)
+    metrics: list[RequestMetrics] = attrs.Factory(list)  # in the order the requests started
 
-    async def run(self, audio: bytearray | None) -> LevelResult | None:
+    async def run(self, first: _First | None) -> LevelResult | None:
         """The level's summary; ``None`` if a graceful stop left it no finished request."""
         count = self.options.requests or max(3, 2 * self.concurrency)
         task = self.progress.add_task(f"{self.mode}, concurrency {self.concurrency}", total=count)
         slots = trio.Semaphore(self.concurrency)
+        slots_of: list[RequestMetrics | None] = []
         async with trio.open_nursery() as nursery:
             for index in range(count):
                 await slots.acquire()  # requests start in order, at most concurrency at once
                 if self.stopping.is_set():
                     break  # a graceful stop: the ones running finish, no other starts
+                slots_of.append(None)
                 # The very first request is shown live, and its audio goes to the WAV.
-                nursery.start_soon(self._request, index, slots, task, audio if index == 0 else None)
+                nursery.start_soon(
+                    self._request, index, slots, task, slots_of, first if index == 0 else None
+                )
         self.progress.remove_task(task)
+        self.metrics = [m for m in slots_of if m is not None]
         if not self.measured:
             return None
         return _summarize(self.mode, self.concurrency, self.measured)
 
     async def _request(
-        self, index: int, slots: trio.Semaphore, task: Any, audio: bytearray | None
+        self,
+        index: int,
+        slots: trio.Semaphore,
+        task: Any,
+        metrics: list[RequestMetrics | None],
+        first: _First | None,
     ) -> None:
         prompt = self.options.prompts[index % len(self.options.prompts)]
-        live = audio is not None and self.options.live
+        live = first is not None and self.options.live
         if live:
             self.console.print(f"[bold]request 0[/bold] ({self.mode}): {prompt}")
+        show = _printer(self.console) if live else None
+
+        def on_text(text: str) -> None:
+            assert first is not None
+            first.text.append(text)
+            if show is not None:
+                show(text)
+
         try:
-            result = await _one(
+            result, metrics[index] = await _one(
                 self.orch,
                 f"{self.mode}-{self.concurrency}-{index}",
                 prompt,
                 sample_rate=self.sample_rate,
-                on_text=_printer(self.console) if live else None,
-                audio=audio,
+                on_text=on_text if first is not None else None,
+                audio=first.audio if first is not None else None,
             )
         finally:
             slots.release()
@@ -240,8 +345,10 @@ def _summarize(
     )
 
 
-def results_table(results: list[LevelResult]) -> Table:
-    table = Table(title="thinker -> talker -> code2wav, one worker process each")
+def results_table(results: list[LevelResult], engines: str = "simulated") -> Table:
+    table = Table(
+        title=f"thinker -> talker -> code2wav, one worker process each ({_ENGINES[engines]})"
+    )
     for column in ("mode", "conc.", "reqs", "mean TTFT", "mean TTFP", "mean E2E", "RTF"):
         table.add_column(column, justify="left" if column == "mode" else "right", no_wrap=True)
     for r in results:

@@ -1,0 +1,193 @@
+"""The speech engines: a talker that turns streamed text into eSpeak NG phoneme codes
+phrase by phrase, and a code2wav that speaks each phrase's codes as soon as it has
+them.
+
+In async_chunk mode the talker reads the thinker's text chunks as they come and
+sends one chunk of phoneme codes downstream per phrase; code2wav yields the phrase's
+PCM as soon as that chunk arrives. A phrase ends at a clause's punctuation or after a
+number of words -- a short first phrase, so the first audio comes early. In forward
+mode the talker gets the thinker's whole answer (its tokens) and yields the codes of
+every phrase; code2wav gets those phrases (:func:`talker2code2wav`) and yields their
+PCM, phrase by phrase.
+
+Every call into eSpeak runs in a thread, one at a time per process (see
+:class:`ESpeak`): the worker's Trio loop keeps serving other requests, heartbeats
+and chunks while a phrase is spoken, and each call returns its own request's
+phonemes or PCM, so concurrent requests never share audio.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import AsyncIterator, Iterable
+from functools import partial
+from typing import Any
+
+import attrs
+import trio
+
+from ..process import ChunkIO, Engine, EngineRequest, Last
+from ._espeak import ESpeak
+
+__all__ = ["SAMPLE_RATE", "PhraseSplitter", "code2wav", "talker", "talker2code2wav"]
+
+#: The rate of eSpeak NG's voices, and so of code2wav's PCM (16-bit mono).
+SAMPLE_RATE = 22_050
+
+_CLAUSE_END = ",;:"
+_SENTENCE_END = ".!?"
+#: Appended to a phrase's codes: the pause eSpeak makes after a clause or a sentence
+#: when it speaks whole text (one ``_:`` is about 45 ms).
+_PAUSES = {"clause": " _:", "sentence": " _:_:_:_:"}
+
+
+@attrs.define
+class PhraseSplitter:
+    """Streamed text in, whole phrases out: pure, no eSpeak.
+
+    Text arrives in pieces of any size (an LLM's tokens split words anywhere); a word
+    is complete once whitespace follows it. A phrase ends at a word that ends with
+    punctuation (``, ; : . ! ?``), or at ``first_words`` words for the first phrase and
+    ``max_words`` for later ones: a short first phrase brings the first audio early,
+    longer ones sound more natural.
+    """
+
+    first_words: int = attrs.field(default=4, validator=attrs.validators.ge(1))
+    max_words: int = attrs.field(default=12, validator=attrs.validators.ge(1))
+    _partial: str = attrs.field(default="", init=False)
+    _words: list[str] = attrs.field(factory=list, init=False)
+    _phrases: int = attrs.field(default=0, init=False)
+
+    def feed(self, text: str) -> list[str]:
+        """The phrases that ``text`` completes, in order."""
+        pieces = (self._partial + text).split()
+        ends_with_space = text[-1:].isspace() if text else False
+        if pieces and not ends_with_space:
+            self._partial = pieces.pop()  # a word may go on in the next piece
+        else:
+            self._partial = ""
+        phrases = []
+        for word in pieces:
+            self._words.append(word)
+            limit = self.first_words if self._phrases == 0 else self.max_words
+            if word[-1] in _CLAUSE_END + _SENTENCE_END or len(self._words) >= limit:
+                phrases.append(self._take())
+        return phrases
+
+    def flush(self) -> list[str]:
+        """The text's end: what is left, as a last phrase (none if nothing is)."""
+        if self._partial:
+            self._words.append(self._partial)
+            self._partial = ""
+        return [self._take()] if self._words else []
+
+    def _take(self) -> str:
+        phrase = " ".join(self._words)
+        self._words.clear()
+        self._phrases += 1
+        return phrase
+
+
+def phrase_codes(speech: ESpeak, phrase: str, voice: str) -> str:
+    """One phrase's phoneme codes, with the pause its punctuation asks for; ``""`` if
+    it has nothing to say."""
+    codes = speech.phonemes(phrase, voice)
+    if not codes:
+        return ""
+    if phrase[-1] in _SENTENCE_END:
+        codes += _PAUSES["sentence"]
+    elif phrase[-1] in _CLAUSE_END:
+        codes += _PAUSES["clause"]
+    return codes
+
+
+# -- the engines (factories, called once in each worker) -----------------------------------
+
+
+def talker(voice: str = "en", first_phrase_words: int = 4, phrase_words: int = 12) -> Engine:
+    """Stage 1: text to eSpeak NG phoneme codes, a phrase at a time (see
+    :class:`PhraseSplitter` for ``first_phrase_words`` and ``phrase_words``).
+
+    async_chunk: reads text chunks (UTF-8) from upstream, sends each phrase's codes
+    (ASCII) downstream. forward: its input is the thinker's tokens; it yields each
+    phrase's codes as a string, the last as :class:`~omni_trio.process.Last`.
+    """
+    speech = ESpeak.get()  # loaded once per worker, before its first request
+    speech.phonemes("", voice)  # an unknown voice fails the stage's start, not a request
+    limiter = trio.CapacityLimiter(1)
+
+    async def codes_of(phrase: str) -> str:
+        call = partial(phrase_codes, speech, phrase, voice)
+        return await trio.to_thread.run_sync(call, limiter=limiter)
+
+    def splitter() -> PhraseSplitter:
+        return PhraseSplitter(first_phrase_words, phrase_words)
+
+    async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
+        if io.connected:  # async_chunk: text streams in, codes stream out
+            phrases = splitter()
+            decoder = codecs.getincrementaldecoder("utf-8")("replace")
+            async for chunk in io:
+                for phrase in phrases.feed(decoder.decode(chunk)):
+                    if codes := await codes_of(phrase):
+                        await io.send(codes.encode("ascii"))
+            for phrase in phrases.feed(decoder.decode(b"", final=True)) + phrases.flush():
+                if codes := await codes_of(phrase):
+                    await io.send(codes.encode("ascii"))
+        else:  # forward: the whole answer is the input
+            held: str | None = None  # one phrase behind, to mark the last one
+            for phrase in _phrases(splitter(), request.inputs):
+                if codes := await codes_of(phrase):
+                    if held is not None:
+                        yield held
+                    held = codes
+            if held is not None:
+                yield Last(held)
+
+    return engine
+
+
+def code2wav(voice: str = "en", words_per_minute: int = 175) -> Engine:
+    """Stage 2: phoneme codes to speech, one PCM output (16-bit mono,
+    :data:`SAMPLE_RATE` Hz) per phrase, at ``words_per_minute``.
+
+    async_chunk: speaks each upstream chunk (one phrase's codes) as it arrives.
+    forward: its input is the phrases' codes (:func:`talker2code2wav`).
+    """
+    speech = ESpeak.get()
+    speech.synthesize("", voice=voice, words_per_minute=words_per_minute)  # checks the voice
+    if speech.sample_rate != SAMPLE_RATE:  # what the configs and the demo's WAV say
+        raise RuntimeError(f"eSpeak NG speaks at {speech.sample_rate} Hz, not {SAMPLE_RATE}")
+    limiter = trio.CapacityLimiter(1)
+
+    async def speak(codes: str) -> bytes:
+        call = partial(
+            speech.synthesize, codes, voice=voice, words_per_minute=words_per_minute, phonemes=True
+        )
+        return await trio.to_thread.run_sync(call, limiter=limiter)
+
+    async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
+        if io.connected:
+            async for chunk in io:
+                if pcm := await speak(bytes(chunk).decode("ascii", "replace")):
+                    yield pcm
+        else:
+            phrases = [str(codes) for codes in request.inputs]
+            for index, codes in enumerate(phrases, 1):
+                pcm = await speak(codes)
+                yield Last(pcm) if index == len(phrases) else pcm
+
+    return engine
+
+
+def _phrases(splitter: PhraseSplitter, tokens: Iterable[Any]) -> list[str]:
+    phrases = [phrase for token in tokens for phrase in splitter.feed(str(token))]
+    return phrases + splitter.flush()
+
+
+# -- the orchestrator's function -----------------------------------------------------------
+
+
+def talker2code2wav(outputs: list[Any]) -> list[str]:
+    """forward: code2wav's input is the talker's phrases' codes, in order."""
+    return [str(codes) for codes in outputs]
