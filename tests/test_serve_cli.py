@@ -62,6 +62,7 @@ class Server:
         self.out = bytearray()
         self.err = bytearray()
         self.url = ""
+        self.model = ""
         self.segments: list[str] = []  # in use while it served, if a test looked
         self._more = trio.Event()
 
@@ -78,7 +79,8 @@ class Server:
             with trio.move_on_after(0.1):
                 await self._more.wait()
         line = self.out.decode().splitlines()[0]
-        assert line.startswith(f"omni-trio serve: {MODEL} (thinker -> talker -> code2wav, ")
+        assert " (thinker -> talker -> code2wav, " in line
+        self.model = line.removeprefix("omni-trio serve: ").split(" (")[0]
         self.url = line.rsplit(" on ", 1)[1]
         assert self.url.startswith("http://127.0.0.1:")
 
@@ -193,11 +195,11 @@ def client(url: str, timeout: float = 30) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=timeout)
 
 
-def chat(url: str, prompt: str, **options: Any) -> Any:
+def chat(url: str, prompt: str, model: str = MODEL, **options: Any) -> Any:
     """A whole (not streamed) chat completion, with the real client."""
     with client(url) as openai_client:
         return openai_client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": prompt}], **options
+            model=model, messages=[{"role": "user", "content": prompt}], **options
         )
 
 
@@ -281,7 +283,7 @@ async def test_streams_text_and_wav_audio_with_the_openai_client(tmp_path):
 
 async def test_with_no_config_it_serves_the_demo(tmp_path):
     async with serving(tmp_path) as server:
-        assert server.out.decode().startswith(f"omni-trio serve: {MODEL} (")
+        assert server.model == MODEL
         status, body = await http(server.url, path="/v1/models")
         assert status == 200
         assert [model["id"] for model in json.loads(body)["data"]] == [MODEL]
@@ -293,6 +295,26 @@ async def test_with_no_config_it_serves_the_demo(tmp_path):
         assert whole.choices[0].finish_reason == "length"
         assert whole.choices[0].message.content == "".join(response_tokens("Hello", 3))
         assert whole.choices[0].message.audio is None
+        server.signal(signal.SIGTERM)
+        assert await server.exit_status() == 0, server.text()
+
+
+async def test_it_serves_the_shipped_speech_pipeline(tmp_path):
+    from omni_trio.speech import SAMPLE_RATE, ESpeak
+
+    async with serving(tmp_path, "speech") as server:
+        assert server.model == "espeak-omni"
+        whole = await trio.to_thread.run_sync(
+            lambda: chat(server.url, "Tell me a story", model="espeak-omni")
+        )
+        [choice] = whole.choices
+        assert choice.finish_reason == "stop"
+        answer = choice.message.content
+        with wave.open(io.BytesIO(base64.b64decode(choice.message.audio.data))) as wav:
+            assert wav.getframerate() == SAMPLE_RATE
+            seconds = wav.getnframes() / SAMPLE_RATE
+        spoken = len(ESpeak.get().synthesize(answer)) / 2 / SAMPLE_RATE
+        assert seconds == pytest.approx(spoken, rel=0.3)  # eSpeak NG reads the answer
         server.signal(signal.SIGTERM)
         assert await server.exit_status() == 0, server.text()
 

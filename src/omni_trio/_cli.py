@@ -167,15 +167,22 @@ def _check_demo(args: argparse.Namespace) -> None:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    """``args.pipeline``'s config (the demo's when there is none), with the
-    ``[pipeline]`` options the command line overrides."""
+    """``args.pipeline``'s config (the demo's when there is none; a shipped one's
+    when it names one, see :data:`_SHIPPED`), with the ``[pipeline]`` options the
+    command line overrides."""
     from .config import ConfigError, load_pipeline
 
     try:
-        if args.pipeline is None:
+        shipped = _SHIPPED.get(args.pipeline or "demo")
+        if shipped is not None and (args.pipeline is None or not Path(args.pipeline).is_file()):
             from .demo.runner import template
 
-            config = template()
+            if shipped == "speech" and not _importable("espeakng_loader"):
+                raise _UsageError(
+                    "the speech pipeline needs eSpeak NG, which is not installed: "
+                    "pip install 'omni-trio[speech]'"
+                )
+            config = template(shipped)
         else:
             config = load_pipeline(args.pipeline)
         overrides = {
@@ -188,8 +195,19 @@ def _config(args: argparse.Namespace) -> Any:
         raise _UsageError(str(exc)) from None
 
 
+#: The pipelines shipped with the package, by the name ``run`` and ``serve`` take for
+#: them (a file of that name in the current directory wins).
+_SHIPPED = {"demo": "simulated", "speech": "speech"}
+
+
 def _check_run(args: argparse.Namespace) -> None:
     args.config = _config(args)
+    if args.timeline is not None:
+        _check_output("--timeline", args.timeline)
+        if not _importable("matplotlib"):
+            raise _UsageError(
+                "--timeline needs matplotlib, which is not installed: pip install 'omni-trio[plot]'"
+            )
     audio = [s for s in args.config.stages if s.final_output and s.final_output_type == "audio"]
     if args.wav is not None:
         if not audio:
@@ -369,7 +387,7 @@ def _demo(args: argparse.Namespace) -> int:
         "predecessor's whole output.",
         highlight=False,
     )
-    console.print(_ENGINES_LINE[args.engines], highlight=False)
+    console.print(_ENGINES_LINE[args.engines], highlight=False, soft_wrap=True, markup=False)
     report = run_under_signals(partial(run_demo, options, console))
     console.print(results_table(report.results, report.engines))
     console.print(
@@ -380,17 +398,27 @@ def _demo(args: argparse.Namespace) -> int:
         console.print(
             f"Audio of the first request: {report.wav} (16-bit mono, {report.sample_rate:,} Hz)",
             highlight=False,
+            soft_wrap=True,
         )
         if report.engines == "speech":
-            console.print(f"It speaks: {report.spoken_text.strip()}", highlight=False)
+            console.print(
+                f"It speaks: {report.spoken_text.strip()}",
+                highlight=False,
+                soft_wrap=True,
+                markup=False,
+            )
     if report.timeline is not None:
         console.print(
-            f"Timeline of the first requests of each mode: {report.timeline}", highlight=False
+            f"Timeline of the first requests of each mode: {report.timeline}",
+            highlight=False,
+            soft_wrap=True,
         )
     elif options.timeline is not None and report.results:
         console.print(
             "No timeline picture: it needs matplotlib (pip install 'omni-trio[plot]').",
             highlight=False,
+            soft_wrap=True,
+            markup=False,
         )
     return 0
 
@@ -519,6 +547,9 @@ def _output_json(out: Any, names: dict[int, str]) -> dict[str, Any]:
             "time_to_first_output": {
                 str(k): t - arrival for k, t in sorted(metrics.first_output_times.items())
             },
+            "stage_submit_latency": {
+                str(k): t - arrival for k, t in sorted(metrics.stage_submit_times.items())
+            },
             "stage_finish_latency": {
                 str(k): t - arrival for k, t in sorted(metrics.stage_finish_times.items())
             },
@@ -528,6 +559,10 @@ def _output_json(out: Any, names: dict[int, str]) -> dict[str, Any]:
 
 
 async def _run_one(config: Any, args: argparse.Namespace) -> int:
+    from functools import partial
+
+    import trio
+
     from . import open_orchestrator
     from ._audio import write_wav
     from .process import open_process_pipeline
@@ -582,6 +617,22 @@ async def _run_one(config: Any, args: argparse.Namespace) -> int:
             except OSError as exc:
                 return _fail(f"omni-trio run: cannot write {args.wav}: {exc}", 1)
             console.print(f"written to {args.wav}", highlight=False)
+    if args.timeline:
+        from .timeline import plot_timeline
+
+        draw = partial(
+            plot_timeline,
+            args.timeline,
+            {config.mode: [metrics]},
+            stage_names=names,
+            output_types={k: t for k, t in types.items() if k in metrics.first_output_times},
+            title=f"{config.pipeline.name}: {' -> '.join(names.values())}",
+        )
+        try:
+            await trio.to_thread.run_sync(draw)
+        except OSError as exc:
+            return _fail(f"omni-trio run: cannot write {args.timeline}: {exc}", 1)
+        console.print(f"timeline drawn in {args.timeline}", highlight=False, soft_wrap=True)
     return 0
 
 
@@ -699,18 +750,25 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     run = commands.add_parser(
         "run",
         help="stream one request through a pipeline config (TOML)",
-        description="Start the stages of PIPELINE (a TOML config) as worker processes and "
+        description="Start the stages of PIPELINE (a TOML config, or a shipped one: "
+        "'demo', the simulated pipeline, or 'speech', eSpeak NG's, the speech extra) and "
         "stream one request: text as it comes, audio counted (and written with --wav). "
         "The config's directory and the current directory are put on the import path "
         "(of this process and of the workers), so engines beside the config are found.",
     )
-    run.add_argument("pipeline", metavar="PIPELINE.toml")
+    run.add_argument("pipeline", metavar="PIPELINE")
     prompt = run.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", type=_text, metavar="TEXT", help="the prompt")
     prompt.add_argument(
         "--prompt-file", metavar="PATH", help="read the prompt from PATH ('-': standard input)"
     )
     run.add_argument("--wav", metavar="PATH", help="write the audio outputs to this WAV file")
+    run.add_argument(
+        "--timeline",
+        metavar="PATH",
+        help="draw the request's stages (submit to completion, first outputs) as a PNG "
+        "(the plot extra)",
+    )
     run.add_argument(
         "--sample-rate",
         type=_positive_int,
@@ -728,12 +786,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     serve = commands.add_parser(
         "serve",
         help="an OpenAI-compatible streaming server for a pipeline (the serve extra)",
-        description="Serve PIPELINE (a TOML config; default: the demo pipeline) over HTTP: "
+        description="Serve PIPELINE (a TOML config, or a shipped one: 'demo', the default, "
+        "or 'speech') over HTTP: "
         "POST /v1/chat/completions (streamed or not, text and audio), GET /v1/models, "
         "/health, /metrics. SIGTERM drains: requests in flight finish within "
         "shutdown_grace, new ones get 503. See docs/serving.md.",
     )
-    serve.add_argument("pipeline", metavar="PIPELINE.toml", nargs="?")
+    serve.add_argument("pipeline", metavar="PIPELINE", nargs="?")
     serve.add_argument("--host", default="127.0.0.1", help="the address to listen on")
     serve.add_argument("--port", type=_port, default=8000, help="0: any free port")
     serve.add_argument(
