@@ -53,3 +53,21 @@ def test_the_main_job_installs_what_makes_it_speak_and_draw():
     extras = re.search(r'session\.install\("\.\[([a-z,]+)\]"\)', demo)
     assert extras, "the demo session must install the package with extras"
     assert {"speech", "plot"} <= set(extras.group(1).split(","))
+
+
+def test_the_demo_page_shows_a_run_that_speaks():
+    page = (ROOT / "docs" / "demo.md").read_text()
+    assert "(demo_timeline.png)" in page  # the picture, committed beside it
+    assert (ROOT / "docs" / "demo_timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    run = page.split("## A run on this machine", 1)[1].split("## With the simulated", 1)[0]
+    assert "a worker process each: eSpeak NG" in run
+    spoken = re.search(r"^It speaks: (.+)$", run, re.MULTILINE)
+    assert spoken, "the page shows the text that the WAV speaks"
+    assert spoken.group(1) in run.split("┏", 1)[0]  # the text streamed above the table
+    ttfp = {
+        mode: float(value.replace(",", ""))
+        for mode, value in re.findall(
+            r"│ (async_chunk|forward)\s+│\s+1 │\s+\d+ │\s+[\d,]+ ms │\s+([\d,]+) ms", run
+        )
+    }
+    assert ttfp["forward"] >= 5 * ttfp["async_chunk"]  # the issue's bar, at concurrency 1

@@ -159,6 +159,7 @@ def _check_demo(args: argparse.Namespace) -> None:
             "--engines speech needs eSpeak NG, which is not installed: "
             "pip install 'omni-trio[speech]'"
         )
+    args.engines_chosen = args.engines != "auto"
     args.engines = resolve_engines(args.engines)
     if args.engines == "speech" and args.codes_per_second is not None:
         raise _UsageError(
@@ -387,7 +388,10 @@ def _demo(args: argparse.Namespace) -> int:
         "predecessor's whole output.",
         highlight=False,
     )
-    console.print(_ENGINES_LINE[args.engines], highlight=False, soft_wrap=True, markup=False)
+    line = _ENGINES_LINE[args.engines]
+    if args.engines == "simulated" and args.engines_chosen:
+        line = "Engines: simulated (--engines simulated), the audio a melody."
+    console.print(line, highlight=False, soft_wrap=True, markup=False)
     report = run_under_signals(partial(run_demo, options, console))
     console.print(results_table(report.results, report.engines))
     console.print(

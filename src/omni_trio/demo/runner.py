@@ -346,9 +346,8 @@ def _summarize(
 
 
 def results_table(results: list[LevelResult], engines: str = "simulated") -> Table:
-    table = Table(
-        title=f"thinker -> talker -> code2wav, one worker process each ({_ENGINES[engines]})"
-    )
+    what = "eSpeak NG" if engines == "speech" else "simulated"
+    table = Table(title=f"thinker -> talker -> code2wav, a worker process each: {what}")
     for column in ("mode", "conc.", "reqs", "mean TTFT", "mean TTFP", "mean E2E", "RTF"):
         table.add_column(column, justify="left" if column == "mode" else "right", no_wrap=True)
     for r in results:
