@@ -95,7 +95,7 @@ def typecheck(session: nox.Session) -> None:
 @nox.session(python="3.12")
 def docs(session: nox.Session) -> None:
     """Build the Sphinx docs; any warning fails the build."""
-    session.install("-e", ".[docs,serve]")
+    session.install("-e", ".[docs,serve,plot]")
     session.run(
         "sphinx-build", "-W", "--keep-going", "-q", "-b", "html", "docs", "docs/_build/html"
     )
