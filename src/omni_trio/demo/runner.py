@@ -268,19 +268,19 @@ class _Level:
         count = self.options.requests or max(3, 2 * self.concurrency)
         task = self.progress.add_task(f"{self.mode}, concurrency {self.concurrency}", total=count)
         slots = trio.Semaphore(self.concurrency)
-        slots_of: list[RequestMetrics | None] = []
+        by_index: list[RequestMetrics | None] = []  # each started request's, once it ends
         async with trio.open_nursery() as nursery:
             for index in range(count):
                 await slots.acquire()  # requests start in order, at most concurrency at once
                 if self.stopping.is_set():
                     break  # a graceful stop: the ones running finish, no other starts
-                slots_of.append(None)
+                by_index.append(None)
                 # The very first request is shown live, and its audio goes to the WAV.
                 nursery.start_soon(
-                    self._request, index, slots, task, slots_of, first if index == 0 else None
+                    self._request, index, slots, task, by_index, first if index == 0 else None
                 )
         self.progress.remove_task(task)
-        self.metrics = [m for m in slots_of if m is not None]
+        self.metrics = [m for m in by_index if m is not None]
         if not self.measured:
             return None
         return _summarize(self.mode, self.concurrency, self.measured)
