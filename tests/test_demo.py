@@ -21,6 +21,8 @@ def test_the_demo_runs_both_modes_and_writes_a_wav(tmp_path, capsys):
     output = tmp_path / "demo.wav"
     assert main(["demo", "--quick", "--engines", "simulated", "--output", str(output)]) == 0
     printed = capsys.readouterr().out
+    # chosen, not a fallback: no advice to install what is installed
+    assert "Engines: simulated (--engines simulated), the audio a melody.\n" in printed
     assert "async_chunk" in printed
     assert "forward" in printed
     assert "mean TTFP" in printed

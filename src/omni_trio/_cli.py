@@ -154,16 +154,21 @@ def _check_demo(args: argparse.Namespace) -> None:
     _check_output("--output", args.output)
     if args.timeline:
         _check_output("--timeline", args.timeline)
-    if args.engines == "speech" and not _importable("espeakng_loader"):
-        raise _UsageError(
-            "--engines speech needs eSpeak NG, which is not installed: "
-            "pip install 'omni-trio[speech]'"
-        )
-    args.engines_chosen = args.engines != "auto"
-    args.engines = resolve_engines(args.engines)
+    if args.engines == "speech":
+        _need_speech("--engines speech")
+    requested, args.engines = args.engines, resolve_engines(args.engines)
+    fallback = requested == "auto" and args.engines == "simulated"
+    args.engines_line = _ENGINES_LINE["fallback" if fallback else args.engines]
     if args.engines == "speech" and args.codes_per_second is not None:
         raise _UsageError(
             "--codes-per-second paces the simulated talker, not eSpeak NG: add --engines simulated"
+        )
+
+
+def _need_speech(what: str) -> None:
+    if not _importable("espeakng_loader"):
+        raise _UsageError(
+            f"{what} needs eSpeak NG, which is not installed: pip install 'omni-trio[speech]'"
         )
 
 
@@ -178,11 +183,8 @@ def _config(args: argparse.Namespace) -> Any:
         if shipped is not None and (args.pipeline is None or not Path(args.pipeline).is_file()):
             from .demo.runner import template
 
-            if shipped == "speech" and not _importable("espeakng_loader"):
-                raise _UsageError(
-                    "the speech pipeline needs eSpeak NG, which is not installed: "
-                    "pip install 'omni-trio[speech]'"
-                )
+            if shipped == "speech":
+                _need_speech("the speech pipeline")
             config = template(shipped)
         else:
             config = load_pipeline(args.pipeline)
@@ -388,10 +390,7 @@ def _demo(args: argparse.Namespace) -> int:
         "predecessor's whole output.",
         highlight=False,
     )
-    line = _ENGINES_LINE[args.engines]
-    if args.engines == "simulated" and args.engines_chosen:
-        line = "Engines: simulated (--engines simulated), the audio a melody."
-    console.print(line, highlight=False, soft_wrap=True, markup=False)
+    console.print(args.engines_line, highlight=False, soft_wrap=True, markup=False)
     report = run_under_signals(partial(run_demo, options, console))
     console.print(results_table(report.results, report.engines))
     console.print(
@@ -427,11 +426,13 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-#: The demo's second line: which engines it runs (``args.engines``, resolved).
+#: The demo's second line: which engines it runs, and for "fallback" (simulated,
+#: because the speech extra is missing) how to get the others.
 _ENGINES_LINE = {
     "speech": "Engines: the thinker is simulated; eSpeak NG speaks its answer "
     "(talker: text to phonemes, phrase by phrase; code2wav: phonemes to audio).",
-    "simulated": "Engines: simulated, the audio a melody (for real speech, install the "
+    "simulated": "Engines: simulated (--engines simulated), the audio a melody.",
+    "fallback": "Engines: simulated, the audio a melody (for real speech, install the "
     "speech extra: pip install 'omni-trio[speech]').",
 }
 

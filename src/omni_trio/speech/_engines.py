@@ -127,13 +127,15 @@ def talker(voice: str = "en", first_phrase_words: int = 4, phrase_words: int = 1
         if io.connected:  # async_chunk: text streams in, codes stream out
             phrases = splitter()
             decoder = codecs.getincrementaldecoder("utf-8")("replace")
-            async for chunk in io:
-                for phrase in phrases.feed(decoder.decode(chunk)):
+
+            async def send(done: list[str]) -> None:
+                for phrase in done:
                     if codes := await codes_of(phrase):
                         await io.send(codes.encode("ascii"))
-            for phrase in phrases.feed(decoder.decode(b"", final=True)) + phrases.flush():
-                if codes := await codes_of(phrase):
-                    await io.send(codes.encode("ascii"))
+
+            async for chunk in io:
+                await send(phrases.feed(decoder.decode(chunk)))
+            await send(phrases.feed(decoder.decode(b"", final=True)) + phrases.flush())
         else:  # forward: the whole answer is the input
             held: str | None = None  # one phrase behind, to mark the last one
             for phrase in _phrases(splitter(), request.inputs):
