@@ -572,8 +572,8 @@ async def _run_one(config: Any, args: argparse.Namespace) -> int:
     from ._audio import write_wav
     from .process import open_process_pipeline
 
-    types = {s.stage_id: s.final_output_type for s in config.stages}
-    names = {s.stage_id: s.label for s in config.stages}
+    types = config.final_output_types  # what the user gets: outputs of final stages only
+    names = config.stage_names
     audio = bytearray()
     console = Console(quiet=args.json)  # with --json, stdout is the JSON lines alone
     console.print(
@@ -630,7 +630,7 @@ async def _run_one(config: Any, args: argparse.Namespace) -> int:
             args.timeline,
             {config.mode: [metrics]},
             stage_names=names,
-            output_types={k: t for k, t in types.items() if k in metrics.first_output_times},
+            output_types=types,
             title=f"{config.pipeline.name}: {' -> '.join(names.values())}",
         )
         try:

@@ -128,6 +128,17 @@ class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, f
         return frozenset(s.stage_id for s in self.stages if s.final_output)
 
     @property
+    def stage_names(self) -> dict[int, str]:
+        """Each stage's label (its ``name``, or ``stage K``), by stage id."""
+        return {s.stage_id: s.label for s in self.stages}
+
+    @property
+    def final_output_types(self) -> dict[int, Literal["text", "audio"]]:
+        """What each final stage emits to the user (``"text"`` or ``"audio"``), by
+        stage id."""
+        return {s.stage_id: s.final_output_type for s in self.stages if s.final_output}
+
+    @property
     def mode(self) -> Literal["async_chunk", "forward"]:
         return "async_chunk" if self.pipeline.async_chunk else "forward"
 

@@ -35,7 +35,8 @@ __all__ = [
 
 #: Where each kind of engines' pipeline config is shipped.
 _TEMPLATES = {"simulated": "omni_trio.demo", "speech": "omni_trio.speech"}
-_ENGINES = {"speech": "eSpeak NG talker and code2wav", "simulated": "simulated engines"}
+#: What the table and the timeline call each kind of engines.
+_ENGINES = {"speech": "eSpeak NG", "simulated": "simulated"}
 #: The timeline shows this many requests of each mode (the first level's first ones).
 TIMELINE_REQUESTS = 3
 
@@ -132,8 +133,10 @@ def template(engines: str = "simulated") -> PipelineConfig:
     return parse_pipeline(text, source=f"{package.replace('.', '/')}/pipeline.toml")
 
 
-def _configure(options: DemoOptions, engines: str, mode: str) -> PipelineConfig:
-    config = template(engines).with_mode(mode == "async_chunk")
+def _configure(
+    options: DemoOptions, base: PipelineConfig, engines: str, mode: str
+) -> PipelineConfig:
+    config = base.with_mode(mode == "async_chunk")
     thinker, talker, code2wav = config.stages
     pace = {"tokens_per_second": options.tokens_per_second, "max_tokens": options.max_tokens}
     thinker = msgspec.structs.replace(thinker, engine_args={**thinker.engine_args, **pace})
@@ -198,12 +201,13 @@ async def run_demo(
     results: list[LevelResult] = []
     first = _First()
     timelines: dict[str, list[RequestMetrics]] = {}
-    sample_rate = template(engines).stages[2].sample_rate  # code2wav's, as the config says
+    base = template(engines)
+    sample_rate = base.stages[2].sample_rate  # code2wav's, as the config says
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
         for mode in options.modes:
             if stopping.is_set():
                 break
-            config = _configure(options, engines, mode)
+            config = _configure(options, base, engines, mode)
             async with (
                 open_process_pipeline(config) as pipeline,
                 open_orchestrator(
@@ -225,14 +229,13 @@ async def run_demo(
         write_wav(options.output, bytes(first.audio), sample_rate)
         wav = options.output
     if options.timeline is not None and timelines and have_matplotlib():
-        config = template(engines)
         draw = partial(
             plot_timeline,
             options.timeline,
             timelines,
-            stage_names={s.stage_id: s.label for s in config.stages},
-            output_types={s.stage_id: s.final_output_type for s in config.stages if s.final_output},
-            title=f"thinker -> talker -> code2wav ({_ENGINES[engines]})",
+            stage_names=base.stage_names,
+            output_types=base.final_output_types,
+            title=f"thinker -> talker -> code2wav ({_ENGINES[engines]} talker and code2wav)",
         )
         await trio.to_thread.run_sync(draw)  # a second of matplotlib, off the loop
         timeline = options.timeline
@@ -346,8 +349,9 @@ def _summarize(
 
 
 def results_table(results: list[LevelResult], engines: str = "simulated") -> Table:
-    what = "eSpeak NG" if engines == "speech" else "simulated"
-    table = Table(title=f"thinker -> talker -> code2wav, a worker process each: {what}")
+    table = Table(
+        title=f"thinker -> talker -> code2wav, a worker process each: {_ENGINES[engines]}"
+    )
     for column in ("mode", "conc.", "reqs", "mean TTFT", "mean TTFP", "mean E2E", "RTF"):
         table.add_column(column, justify="left" if column == "mode" else "right", no_wrap=True)
     for r in results:
