@@ -7,7 +7,7 @@ from multiprocessing import resource_tracker
 import pytest
 from hypothesis import HealthCheck, settings
 
-from omni_trio.process import _shm
+from omni_trio.process.worker import _shm
 
 # "ci" runs more examples; "dev" (the default) keeps the suite quick on a laptop.
 settings.register_profile(

@@ -10,9 +10,10 @@ import attrs
 import msgspec
 import trio
 
-from omni_trio import open_orchestrator
+from omni_trio import open_pipeline
 from omni_trio.config import parse_pipeline
-from omni_trio.process import _shm, open_process_pipeline
+from omni_trio.process._process_launcher import WORKER_MAIN
+from omni_trio.process.worker import _shm
 
 STAGE = """
 [[stages]]
@@ -90,13 +91,18 @@ def children_of(pids):
     return [(pid, cmdline) for pid, ppid, _, cmdline in live_processes() if ppid in pids]
 
 
+def is_worker(cmdline: bytes) -> bool:
+    """Whether a command line is a stage worker's: the program the process launcher
+    gives its workers (``python -c WORKER_MAIN --control-fd N``), so the test follows
+    the code wherever the worker moves."""
+    return cmdline.split(b"\0")[1:3] == [b"-c", WORKER_MAIN.encode()]
+
+
 def worker_processes():
     """Pids of this process's live stage workers (any pipeline, any restart)."""
     mine = os.getpid()
     return [
-        pid
-        for pid, ppid, _, cmdline in live_processes()
-        if ppid == mine and b"omni_trio.process.worker" in cmdline
+        pid for pid, ppid, _, cmdline in live_processes() if ppid == mine and is_worker(cmdline)
     ]
 
 
@@ -109,17 +115,16 @@ async def eventually(predicate):
 
 
 @asynccontextmanager
-async def running(config, **orchestrator_kwargs):
-    """A pipeline and an orchestrator over it; afterwards, nothing may be left: no
-    segment with its prefix, no worker process (the first ones, or any restarted)."""
+async def running(config, **pipeline_overrides):
+    """A pipeline (``open_pipeline``) and its orchestrator; afterwards, nothing may be
+    left: no segment with its prefix, no worker process (the first ones, or any
+    restarted). The workers of the running pipeline must be seen first, so that the
+    check after it looks for something that can be found."""
     assert worker_processes() == [], "a worker process of an earlier test is alive"
-    async with (
-        open_process_pipeline(config) as pipeline,
-        open_orchestrator(
-            *pipeline.orchestrator_args, **(pipeline.orchestrator_kwargs | orchestrator_kwargs)
-        ) as orch,
-    ):
-        yield pipeline, orch
+    async with open_pipeline(config, **pipeline_overrides) as pipeline:
+        processes = {stage.pid for stage in pipeline.stages if stage.options.backend == "process"}
+        assert processes <= set(worker_processes()), "the pipeline's workers are not seen"
+        yield pipeline, pipeline.orchestrator
         # A resource tracker warns about (or unlinks) what it tracks when it exits:
         # the data plane keeps out of it.
         trackers = [c for c in children_of(worker_processes()) if b"resource_tracker" in c[1]]

@@ -27,7 +27,7 @@ import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
-from omni_trio import open_orchestrator
+from omni_trio import Orchestrator, open_orchestrator
 from omni_trio.serve import FinalOutput, ServedModel, create_app, serve
 from omni_trio.serve._app import server_state
 from omni_trio.testing import ScriptedStage
@@ -157,6 +157,15 @@ class Server:
         return self.url + "/v1/chat/completions"
 
 
+@attrs.frozen
+class ScriptedPipeline:
+    """What the server needs of a running pipeline (``serve.ServedPipeline``), over
+    the scripted stages."""
+
+    orchestrator: Orchestrator
+    stages: list[Any]
+
+
 @asynccontextmanager
 async def running_server(
     *,
@@ -170,14 +179,14 @@ async def running_server(
         engine = Engine(nursery)
 
         @asynccontextmanager
-        async def open_pipeline() -> AsyncIterator[Any]:
+        async def open_pipeline() -> AsyncIterator[ScriptedPipeline]:
             async with open_orchestrator(
                 engine.stages,
                 {o.stage_id for o in outputs},
                 prewarm_fn=warm,
                 max_in_flight=max_in_flight,
             ) as orchestrator:
-                yield orchestrator
+                yield ScriptedPipeline(orchestrator, engine.stages)
 
         app = create_app(ServedModel(MODEL, outputs), open_pipeline, max_waiting=max_waiting)
         stopping, returned = trio.Event(), trio.Event()

@@ -102,7 +102,7 @@ def test_bench_from_prints_the_saved_ray_report(capsys):
 # --- the command as a user meets it: checked arguments, `run`, `python -m omni_trio` ---
 
 SRC = str(Path(omni_trio.__file__).parent.parent)
-DEMO_TOML = str(files("omni_trio.demo").joinpath("pipeline.toml"))
+DEMO_TOML = str(files("omni_trio") / "pipelines" / "demo.toml")
 
 #: Engines a user keeps beside their config (forward mode: words, then their "audio").
 MODELS = """

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import trio
 
-from omni_trio.process import WorkerOptions, _shm, open_inprocess_stage, open_shm_connector
+from omni_trio.process import WorkerOptions, open_inprocess_stage, open_shm_connector
 from omni_trio.process._options import MIN_RING_BYTES
+from omni_trio.process.worker import _shm
 from processes import eventually
 
 

@@ -17,8 +17,8 @@ from collections import defaultdict
 import pytest
 import trio
 
-from omni_trio.process import _shm
 from omni_trio.process._options import MIN_RING_BYTES, RING_BYTES
+from omni_trio.process.worker import _shm
 from processes import eventually, pipeline_config, running
 
 #: What these tests hold to account is mostly the shared-memory rings; a Ray stage's

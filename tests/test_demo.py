@@ -63,7 +63,7 @@ def test_the_audio_is_deterministic_for_a_prompt():
 
 
 def test_run_streams_one_request_through_a_config(tmp_path, capsys):
-    pipeline = str(files("omni_trio.demo").joinpath("pipeline.toml"))
+    pipeline = str(files("omni_trio") / "pipelines" / "demo.toml")
     wav_path = tmp_path / "run.wav"
     assert main(["run", pipeline, "--prompt", "Hello", "--wav", str(wav_path)]) == 0
     printed = capsys.readouterr().out
@@ -125,7 +125,7 @@ def test_run_exits_1_when_the_request_fails(tmp_path, capsys):
 
 
 def test_run_writes_the_sample_rate_it_is_given(tmp_path):
-    pipeline = str(files("omni_trio.demo").joinpath("pipeline.toml"))
+    pipeline = str(files("omni_trio") / "pipelines" / "demo.toml")
     wav_path = tmp_path / "run.wav"
     argv = ["run", pipeline, "--prompt", "Hi", "--wav", str(wav_path), "--sample-rate", "16000"]
     assert main(argv) == 0

@@ -23,13 +23,13 @@ from omni_trio.config import ConfigError, load_pipeline, parse_pipeline
 from omni_trio.process import (
     WorkerOptions,
     WorkerStartError,
-    _shm,
     open_inprocess_stage,
     open_process_pipeline,
     open_process_stage,
     open_ray_stage,
     open_shm_connector,
 )
+from omni_trio.process.worker import _shm
 from processes import eventually, pipeline_config, running, worker_processes
 
 INPROCESS = '[stages.runtime]\nbackend = "inprocess"'
@@ -334,7 +334,7 @@ async def test_an_inprocess_pipeline_raises_bare_errors():
 
 @bounded
 async def test_the_demo_pipeline_runs_in_process():
-    config = load_pipeline(str(files("omni_trio.demo").joinpath("pipeline.toml")))
+    config = load_pipeline(str(files("omni_trio") / "pipelines" / "demo.toml"))
     fast = {
         0: {"tokens_per_second": 2000, "max_tokens": 8},
         1: {"codes_per_second": 20000, "codes_per_token": 4},

@@ -11,11 +11,13 @@ import pytest
 import trio
 import trio.testing
 
-from omni_trio.process import _shm
-from omni_trio.process import _wire as wire
-from omni_trio.process._links import OutLink, listen_address, ring_tag
 from omni_trio.process._options import MIN_RING_BYTES
-from omni_trio.process._ring import RingReader
+from omni_trio.process.worker import _framing as framing
+from omni_trio.process.worker import _shm
+from omni_trio.process.worker import _wire as wire
+from omni_trio.process.worker._links import OutLink, ring_tag
+from omni_trio.process.worker._ring import RingReader
+from omni_trio.process.worker._transport import listen_address
 
 pytestmark = pytest.mark.usefixtures("prefix")
 
@@ -37,7 +39,7 @@ class Peer:
 
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
-        self._reader = wire.FrameReader(stream, wire.DECODE_TO_READER)
+        self._reader = framing.FrameReader(stream, wire.DECODE_TO_READER)
         self._pending: list[object] = []
 
     async def frames(self, count: int) -> list[object]:

@@ -14,10 +14,10 @@ import trio
 from omni_trio.process import (
     WorkerOptions,
     WorkerStartError,
-    _shm,
     open_process_pipeline,
     open_process_stage,
 )
+from omni_trio.process.worker import _shm
 from processes import eventually, pipeline_config, running
 
 THREE_STAGES = [

@@ -199,7 +199,7 @@ async def test_chunks_of_every_size_cross_nodes_whole_and_in_order(cluster):
 
 def demo_config(async_chunk: bool, placement: list[str] | None):
     """The demo pipeline, fast, in one mode; as process stages, or on these nodes."""
-    config = load_pipeline(str(files("omni_trio.demo").joinpath("pipeline.toml")))
+    config = load_pipeline(str(files("omni_trio") / "pipelines" / "demo.toml"))
     fast = {
         0: {"tokens_per_second": 2000, "max_tokens": 12},
         1: {"codes_per_second": 20000, "codes_per_token": 4},

@@ -14,7 +14,8 @@ import signal
 import pytest
 import trio
 
-from omni_trio.process import WorkerOptions, _shm, open_process_stage, open_shm_connector
+from omni_trio.process import WorkerOptions, open_process_stage, open_shm_connector
+from omni_trio.process.worker import _shm
 from processes import eventually, pipeline_config, running, worker_processes
 
 RESTART = "[stages.runtime]\nrestart = true"

@@ -16,8 +16,15 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from omni_trio.process import _shm
-from omni_trio.process._ring import ALIGN, HEADER, MIN_SIZE, RingError, RingReader, RingWriter
+from omni_trio.process.worker import _shm
+from omni_trio.process.worker._ring import (
+    ALIGN,
+    HEADER,
+    MIN_SIZE,
+    RingError,
+    RingReader,
+    RingWriter,
+)
 
 
 def slot_bytes(nbytes: int) -> int:
@@ -96,7 +103,7 @@ def test_writing_more_than_the_slot_was_allocated_for_is_refused(ring):
 READER = textwrap.dedent(
     """
     import hashlib, sys
-    from omni_trio.process._ring import RingError, RingReader
+    from omni_trio.process.worker._ring import RingError, RingReader
     reader = RingReader.open(sys.argv[1])
     print("ready", flush=True)
     for line in sys.stdin:

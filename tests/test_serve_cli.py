@@ -29,7 +29,7 @@ from omni_trio.demo.engines import response_tokens
 from test_signals import _default_sigint, _env, _group, _segments
 
 MODEL = "simulated-qwen-omni"
-DEMO_TOML = files("omni_trio.demo").joinpath("pipeline.toml").read_text()
+DEMO_TOML = (files("omni_trio") / "pipelines" / "demo.toml").read_text()
 THINKER_ARGS = "engine_args = { tokens_per_second = 50, max_tokens = 40 }"
 CONNECTOR = 'connector = "shm"'
 FRAMES_PER_CODE = 960  # a 40 ms tone at 24 kHz (demo.engines.FRAME_SECONDS)

@@ -19,9 +19,10 @@ from rich.console import Console
 import omni_trio
 from omni_trio._runtime import EXIT_INTERRUPTED, exits_on_interrupt, run_under_signals
 from omni_trio.demo.runner import DemoOptions, run_demo
-from omni_trio.process import _shm, open_process_stage
-from omni_trio.process import _wire as wire
-from omni_trio.process._links import listen_address
+from omni_trio.process import open_process_stage
+from omni_trio.process.worker import _shm
+from omni_trio.process.worker import _wire as wire
+from omni_trio.process.worker._transport import listen_address
 from processes import live_processes
 
 if sys.version_info < (3, 11):  # pragma: no cover

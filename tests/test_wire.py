@@ -8,11 +8,10 @@ import pytest
 import trio
 import trio.testing
 
-from omni_trio.process._wire import (
+from omni_trio.process.worker._framing import FrameReader, FrameWriter
+from omni_trio.process.worker._wire import (
     DECODE_FROM_WORKER,
     DECODE_TO_WORKER,
-    FrameReader,
-    FrameWriter,
     Output,
     Pong,
     ProtocolError,

@@ -1,7 +1,7 @@
 """The worker's request bookkeeping and its reading end of chunk links, in-process:
 the races a real process only hits now and then, made to happen every time.
 
-A ``_Worker`` is built bare -- no control connection, no listener: the test feeds
+A ``Worker`` is built bare -- no control connection, no listener: the test feeds
 it control messages (``handle``) and link frames (``on_link_frame``) as an upstream
 worker would send them, reads the ``Ack`` frames it queues on the link, and gives it
 fake outgoing links that record what its engine sends downstream.
@@ -13,11 +13,14 @@ import pytest
 import trio
 import trio.testing
 
-from omni_trio.process import Last, _shm
-from omni_trio.process import _wire as wire
-from omni_trio.process._links import InLink, listen_address, ring_tag
-from omni_trio.process._ring import RingWriter
-from omni_trio.process.worker import _Worker
+from omni_trio.process import Last
+from omni_trio.process.worker import _framing as framing
+from omni_trio.process.worker import _shm
+from omni_trio.process.worker import _wire as wire
+from omni_trio.process.worker._links import InLink, ring_tag
+from omni_trio.process.worker._ring import RingWriter
+from omni_trio.process.worker._transport import listen_address
+from omni_trio.process.worker._worker import Worker
 from process_engines import relay
 
 #: A small window: acknowledgements go in batches of half of it.
@@ -64,7 +67,7 @@ def prefix():
 
 def make_worker(
     prefix: str, engine=None, *, window: int = WINDOW, completion_delay: float = 0.0
-) -> _Worker:
+) -> Worker:
     """Stage 1 of three: it reads stage 0's chunks and sends chunks to stage 2 (a
     :class:`FakeOutLink`, ``worker.outlinks[0]``); ``relay`` by default."""
     init = wire.Init(
@@ -79,7 +82,7 @@ def make_worker(
         targets=[2],
         window=window,
     )
-    worker = _Worker(init, relay() if engine is None else engine, wire.FrameWriter(_sink()))
+    worker = Worker(init, relay() if engine is None else engine, framing.FrameWriter(_sink()))
     worker.outlinks = [FakeOutLink(2)]  # type: ignore[list-item]
     return worker
 
@@ -92,7 +95,7 @@ class Upstream:
     """Stage 0's worker as the worker under test sees it: the link its frames come
     on (the ``Ack`` frames owed to it queue there) and its ring."""
 
-    def __init__(self, worker: _Worker, prefix: str, *, generation: int = 1) -> None:
+    def __init__(self, worker: Worker, prefix: str, *, generation: int = 1) -> None:
         self.worker = worker
         self.link = InLink(_sink(), worker.init.window)
         self.ring_name = f"{prefix}-0-{generation}-ring1-1"
@@ -150,7 +153,7 @@ def upstream(prefix):
     """Makes ``Upstream``s of a worker; closes their rings afterwards."""
     made: list[Upstream] = []
 
-    def make(worker: _Worker, **kwargs) -> Upstream:
+    def make(worker: Worker, **kwargs) -> Upstream:
         made.append(Upstream(worker, prefix, **kwargs))
         return made[-1]
 
@@ -163,20 +166,20 @@ def eos(request_id: str, count: int, *, life: int = 0) -> wire.Chunk:
     return wire.Chunk(request_id, count, eos=True, life=life)
 
 
-def sent(worker: _Worker) -> list[object]:
+def sent(worker: Worker) -> list[object]:
     """The control frames the worker queued so far, decoded."""
     return wire.decode_frames(worker.control.take(), wire.DECODE_FROM_WORKER)
 
 
-def failures(worker: _Worker) -> dict[str, str]:
+def failures(worker: Worker) -> dict[str, str]:
     return {f.request_id: f.error for f in sent(worker) if type(f) is wire.Failed}
 
 
-def failure(worker: _Worker, request_id: str) -> str | None:
+def failure(worker: Worker, request_id: str) -> str | None:
     return failures(worker).get(request_id)
 
 
-def downstream(worker: _Worker) -> FakeOutLink:
+def downstream(worker: Worker) -> FakeOutLink:
     link = worker.outlinks[0]
     assert isinstance(link, FakeOutLink)
     return link
@@ -252,7 +255,7 @@ async def test_chunks_may_arrive_before_their_submit(prefix, upstream):
 async def test_released_ids_are_remembered_up_to_a_bound_and_a_new_submit_forgets_one(
     monkeypatch, prefix, upstream
 ):
-    monkeypatch.setattr("omni_trio.process.worker._REMEMBER_RELEASED", 2)
+    monkeypatch.setattr("omni_trio.process.worker._worker.REMEMBER_RELEASED", 2)
     worker = make_worker(prefix)
     up = upstream(worker)
     async with trio.open_nursery() as nursery:

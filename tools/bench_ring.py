@@ -1,4 +1,4 @@
-"""Experiment: what a chunk costs through the shared-memory ring (``process._ring``),
+"""Experiment: what a chunk costs through the shared-memory ring (``process.worker._ring``),
 next to plain copies and to a segment of its own per chunk (what the connector did
 before the ring: ``multiprocessing.shared_memory``, untracked).
 
@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from multiprocessing import resource_tracker, shared_memory
 
-from omni_trio.process import _ring, _shm
+from omni_trio.process.worker import _ring, _shm
 
 
 def _segment(name: str, *, create: bool, size: int = 0) -> shared_memory.SharedMemory:
@@ -33,7 +33,8 @@ def _segment(name: str, *, create: bool, size: int = 0) -> shared_memory.SharedM
     if sys.version_info >= (3, 13):
         return shared_memory.SharedMemory(name, create=create, size=size, track=False)
     segment = shared_memory.SharedMemory(name, create=create, size=size)
-    resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
+    # the tracker knows a POSIX segment by its name with a leading slash
+    resource_tracker.unregister(f"/{segment.name}", "shared_memory")
     return segment
 
 

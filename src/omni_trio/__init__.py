@@ -13,6 +13,9 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from ._messages import StageOutput as StageOutput
     from ._orchestrator import Orchestrator as Orchestrator
     from ._orchestrator import open_orchestrator as open_orchestrator
+    from ._pipeline import Pipeline as Pipeline
+    from ._pipeline import PipelineStatistics as PipelineStatistics
+    from ._pipeline import open_pipeline as open_pipeline
     from ._stage import Stage as Stage
     from ._stream import RequestStream as RequestStream
 
@@ -20,6 +23,7 @@ _EXPORTS = {
     "._driver": ["OrchestratorStatistics"],
     "._messages": ["FinishReason", "OrchOutput", "RequestMetrics", "StageItem", "StageOutput"],
     "._orchestrator": ["Orchestrator", "open_orchestrator"],
+    "._pipeline": ["Pipeline", "PipelineStatistics", "open_pipeline"],
     "._stage": ["Stage"],
     "._stream": ["RequestStream"],
 }

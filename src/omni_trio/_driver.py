@@ -17,8 +17,7 @@ from ._checks import check_max_in_flight, check_seconds
 from ._core import ForwardFn, Mode, OrchestratorCore, PrewarmFn, StageCommand
 from ._dispatch import Dispatcher, Slots
 from ._inbox import AdmitRequest, InboxMessage
-from ._messages import OrchOutput
-from ._sink import OutboxBase, StreamBase
+from ._sink import OutboxBase
 
 __all__ = ["OrchestratorBase", "OrchestratorStatistics", "prepare"]
 
@@ -192,15 +191,17 @@ class OrchestratorBase:
         request_id: str,
         prompt: Any,
         final_stage_ids: Iterable[int] | None,
-        stream: StreamBase | None,
+        stream: OutboxBase | None,
     ) -> None:
+        """Admit a request whose outputs go to ``stream`` (a stream's outbox), or to
+        ``next_output()``'s (``None``)."""
         if self._closed:
             raise self._closed_error()
         await self._dispatch.admit(
             request_id,
             prompt,
             final_stage_ids,
-            None if stream is None else stream._outbox,
+            stream,
             wait_for_drains=self._wait_for_drains,
             send=self._send_admission,
         )
@@ -210,8 +211,3 @@ class OrchestratorBase:
         request, and end ``next_output()``'s outputs once they are taken."""
         self._dispatch.settle(leftovers)
         self._results.close()
-
-    def _ready_outputs(self) -> list[OrchOutput]:
-        """Every output for ``next_output()`` produced so far and not taken, without
-        waiting (for the test kits' ``collect_outputs``)."""
-        return self._results.take_ready()

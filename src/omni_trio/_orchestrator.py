@@ -43,7 +43,7 @@ from ._inbox import (
 from ._messages import OrchOutput, StageItem
 from ._outbox import Outbox
 from ._stage import Stage, check_stage
-from ._stream import RequestStream
+from ._stream import RequestStream, new_stream
 from ._util import NoPublicConstructor, describe, final
 
 __all__ = ["Orchestrator", "open_orchestrator"]
@@ -159,15 +159,17 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         ``request_id``, a unique one is generated (see :attr:`RequestStream.request_id`).
         """
         rid = check_request_id(uuid.uuid4().hex if request_id is None else request_id)
-        stream = RequestStream(rid)
-        await self._admit(rid, prompt, final_stage_ids, stream)
+        stream, outbox = new_stream(rid)
+        await self._admit(rid, prompt, final_stage_ids, outbox)
         try:
             yield stream
         finally:
-            if not stream._take_ready():  # left early: bounded and shielded
+            if stream.terminal is None:  # it may be among the outputs left unread
+                stream.terminal = outbox.skip_to_terminal()
+            if stream.terminal is None:  # left early: bounded and shielded
                 with trio.move_on_after(self._shutdown_grace, shield=True):
                     await self.abort(rid)  # (after shutdown: it was aborted already)
-                    await stream._wait_for_terminal()
+                    stream.terminal = await outbox.wait_for_terminal()
 
     async def next_output(self) -> OrchOutput:
         """Wait for the next output of a request admitted with :meth:`add_request`.
@@ -275,6 +277,25 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
             raise self._closed_error() from None
 
     # -- tasks -----------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _running(self) -> AsyncIterator[None]:
+        """Run the tasks for the duration of the block; leaving it shuts down (see
+        :func:`open_orchestrator`): no task is left behind."""
+        async with trio.open_nursery() as nursery:
+            self._start(nursery)
+            try:
+                yield
+            finally:
+                with trio.move_on_after(self._shutdown_grace, shield=True) as grace:
+                    await self._shutdown()
+                if grace.cancelled_caught:
+                    logger.warning(
+                        "shutdown: stages did not take their aborts within %s s",
+                        self._shutdown_grace,
+                    )
+                self._shielded.cancel()
+                nursery.cancel_scope.cancel()
 
     def _start(self, nursery: trio.Nursery) -> None:
         for sid, stage in enumerate(self._stages):
@@ -451,20 +472,9 @@ async def open_orchestrator(
         max_in_flight=max_in_flight,
         shutdown_grace=shutdown_grace,
     )
-    orchestrator = Orchestrator._create(
+    orchestrator = Orchestrator._create(  # noqa: SLF001 - the module's own factory
         core, checked, max_in_flight=max_in_flight, shutdown_grace=shutdown_grace
     )
     with unwrap_single_exception():
-        async with trio.open_nursery() as nursery:
-            orchestrator._start(nursery)
-            try:
-                yield orchestrator
-            finally:
-                with trio.move_on_after(shutdown_grace, shield=True) as grace:
-                    await orchestrator._shutdown()
-                if grace.cancelled_caught:
-                    logger.warning(
-                        "shutdown: stages did not take their aborts within %s s", shutdown_grace
-                    )
-                orchestrator._shielded.cancel()
-                nursery.cancel_scope.cancel()
+        async with orchestrator._running():  # noqa: SLF001 - the module's own factory
+            yield orchestrator

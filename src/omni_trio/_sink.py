@@ -87,6 +87,28 @@ class OutboxBase:
         self._buffer.clear()
         return outputs
 
+    async def get(self) -> OrchOutput:
+        """The next output, waiting for one (a driver's subclass supplies it)."""
+        raise NotImplementedError
+
+    # -- a stream's block left early (``open_request``'s cleanup) -----------------------
+
+    def skip_to_terminal(self) -> OrchOutput | None:
+        """Skip the outputs that arrived and were not read, up to the terminal; return
+        the terminal if it was among them."""
+        for output in self.take_ready():
+            if output.finished:
+                return output
+        return None
+
+    async def wait_for_terminal(self) -> OrchOutput:
+        """Skip outputs until the terminal arrives, and return it (the caller bounds
+        the wait)."""
+        while True:
+            output = await self.get()
+            if output.finished:
+                return output
+
 
 class _Outbox(Sink, Protocol):
     """What a stream needs from its driver's outbox (and the handler, as a sink)."""
@@ -106,7 +128,9 @@ class StreamBase:
     """One request's outputs, in order, ending with its terminal output (``async for``).
 
     The iteration stops after the terminal output, which is also kept in
-    :attr:`terminal`.
+    :attr:`terminal`. Its driver makes it, with the outbox the handler fills; when
+    ``open_request``'s block is left early, the driver skips what is left in that
+    outbox (:meth:`OutboxBase.skip_to_terminal`) and sets :attr:`terminal` itself.
 
     Attributes:
       request_id: The request's id (generated when ``open_request`` was not given one).
@@ -135,25 +159,6 @@ class StreamBase:
         if output.finished:
             self.terminal = output
         return output
-
-    # -- a block left early (open_request's cleanup) ------------------------------------
-
-    def _take_ready(self) -> bool:
-        """Skip the outputs that arrived and were not read, up to the terminal; return
-        whether :attr:`terminal` is known now (it may have been among them)."""
-        if self.terminal is None:
-            for output in self._outbox.take_ready():
-                if output.finished:
-                    self.terminal = output
-                    break
-        return self.terminal is not None
-
-    async def _wait_for_terminal(self) -> None:
-        """Skip outputs until the terminal arrives (the caller bounds the wait)."""
-        while self.terminal is None:
-            output = await self._outbox.get()
-            if output.finished:
-                self.terminal = output
 
     async def receive_batch(self) -> list[OrchOutput]:
         """Wait for the request's next output, then take every output already there

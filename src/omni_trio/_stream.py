@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from ._outbox import Outbox
 from ._sink import StreamBase
-from ._util import final
+from ._util import NoPublicConstructor, final
 
-__all__ = ["RequestStream"]
+__all__ = ["RequestStream", "new_stream"]
 
 
 @final
-class RequestStream(StreamBase):
+class RequestStream(StreamBase, metaclass=NoPublicConstructor):
     """The outputs of one request, in order, ending with its terminal output.
 
     Iterate it with ``async for``; the iteration stops after the terminal output,
@@ -29,5 +29,8 @@ class RequestStream(StreamBase):
           exit waits for it, up to ``shutdown_grace`` seconds.
     """
 
-    def __init__(self, request_id: str) -> None:
-        super().__init__(request_id, Outbox())
+
+def new_stream(request_id: str) -> tuple[RequestStream, Outbox]:
+    """A stream for ``request_id``, and the outbox the handler fills for it."""
+    outbox = Outbox()
+    return RequestStream._create(request_id, outbox), outbox  # noqa: SLF001 - its own factory

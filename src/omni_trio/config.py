@@ -33,11 +33,18 @@ The vocabulary follows vLLM-Omni's stage configs where it fits (``stage_id``,
 
 An invalid config raises :class:`ConfigError` naming the key, e.g.
 ``stages[1].final_output: Expected `bool`, got `str```.
+
+Two pipelines ship with the package, by name (:data:`SHIPPED_PIPELINES`): ``"demo"``,
+the demo's simulated engines, and ``"speech"``, eSpeak NG's (the speech extra). Their
+files are data beside this module (``pipelines/<name>.toml``): reading one imports
+no engine.
 """
 
 from __future__ import annotations
 
+import os
 import re
+from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -48,13 +55,20 @@ from ._util import import_object
 from .process._options import INLINE_CHUNK_BYTES, MIN_RING_BYTES, RING_BYTES, WorkerOptions
 
 __all__ = [
+    "SHIPPED_PIPELINES",
     "ConfigError",
     "PipelineConfig",
     "PipelineSection",
     "StageConfig",
     "load_pipeline",
     "parse_pipeline",
+    "resolve_pipeline",
+    "shipped_pipeline",
 ]
+
+#: The pipelines shipped with the package, by name: ``"demo"`` (the demo's simulated
+#: engines) and ``"speech"`` (the demo's thinker, eSpeak NG as talker and code2wav).
+SHIPPED_PIPELINES = ("demo", "speech")
 
 
 class ConfigError(ValueError):
@@ -279,7 +293,7 @@ def _check_runtime_keys(text: str, source: str) -> None:
                 )
 
 
-def load_pipeline(path: str | Path) -> PipelineConfig:
+def load_pipeline(path: str | os.PathLike[str]) -> PipelineConfig:
     """Read and check a TOML pipeline config file (see :func:`parse_pipeline`)."""
     path = Path(path)
     try:
@@ -287,6 +301,49 @@ def load_pipeline(path: str | Path) -> PipelineConfig:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read it: {exc.strerror or exc}") from None
     return parse_pipeline(text, source=str(path))
+
+
+def shipped_pipeline(name: str) -> PipelineConfig:
+    """The config of a pipeline shipped with the package (see
+    :data:`SHIPPED_PIPELINES`).
+
+    Raises:
+      ConfigError: no pipeline of that name ships.
+    """
+    if name not in SHIPPED_PIPELINES:
+        choices = ", ".join(repr(n) for n in SHIPPED_PIPELINES)
+        raise ConfigError(f"{name!r}: no pipeline of that name ships with omni_trio ({choices})")
+    text = (files("omni_trio") / "pipelines" / f"{name}.toml").read_text()
+    return parse_pipeline(text, source=f"omni_trio/pipelines/{name}.toml")
+
+
+def resolve_pipeline(source: PipelineConfig | str | os.PathLike[str]) -> PipelineConfig:
+    """A config from what names one: a :class:`PipelineConfig` as it is; a path (a
+    string naming an existing file is one); or a shipped pipeline's name (``"demo"``,
+    ``"speech"``).
+
+    Raises:
+      ConfigError: the file cannot be read, is not a valid config, or the string
+          names neither a file nor a shipped pipeline.
+      TypeError: ``source`` is none of these.
+    """
+    if isinstance(source, PipelineConfig):
+        return source
+    if isinstance(source, str) and not Path(source).is_file():
+        if source in SHIPPED_PIPELINES:
+            return shipped_pipeline(source)
+        if not Path(source).exists() and Path(source).name == source and "." not in source:
+            # a bare word: a shipped pipeline's name, misspelt, more likely than a file
+            choices = ", ".join(repr(n) for n in SHIPPED_PIPELINES)
+            raise ConfigError(
+                f"{source}: cannot read it: No such file or directory (and no pipeline "
+                f"of that name ships with omni_trio: {choices})"
+            )
+    if isinstance(source, (str, os.PathLike)):
+        return load_pipeline(source)
+    raise TypeError(
+        f"a pipeline is a PipelineConfig, a path or a shipped pipeline's name, got {source!r}"
+    )
 
 
 def _check(config: PipelineConfig, source: str | None) -> None:

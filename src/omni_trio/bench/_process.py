@@ -3,9 +3,8 @@
 ``python -m omni_trio.bench._process --family NAME [--quick]`` runs one family of
 scenarios in a process of its own (so that its peak memory is its own) and prints its
 results as JSON; :mod:`omni_trio.bench._process_report` runs every family and
-judges the goals. Only the public API is used -- configs, :func:`open_process_pipeline`,
-:func:`omni_trio.open_orchestrator` -- so the scenarios measure whatever the data
-plane is.
+judges the goals. Only the public API is used -- configs and
+:func:`omni_trio.open_pipeline` -- so the scenarios measure whatever the data plane is.
 
 - ``chunks``: stage 0 of a two-stage pipeline (worker processes) streams chunks of 64
   B, 4 KB, 48 KB and 1 MB to stage 1, which yields one small output per chunk to the
@@ -35,16 +34,14 @@ import os
 import statistics
 import time
 from collections.abc import Sequence
-from importlib.resources import files
 from typing import Any
 
 import attrs
 import msgspec
 import trio
 
-from .. import open_orchestrator
-from ..config import PipelineConfig, parse_pipeline
-from ..process import open_process_pipeline
+from .. import open_pipeline
+from ..config import PipelineConfig, parse_pipeline, shipped_pipeline
 from ._floor import Phase, floor_chunks, floor_outputs
 
 __all__ = ["DEMO_LEVELS", "SIZES", "Counts", "main", "run_family"]
@@ -181,10 +178,8 @@ async def chunks(counts: Counts) -> dict[str, Any]:
     """(a): every chunk size between two process stages, and over the floors."""
     runs: dict[int, dict[str, list[dict[str, float]]]] = {size: {} for size in SIZES}
     config = parse_pipeline(CHUNKS_TOML, source="bench chunks")
-    async with (
-        open_process_pipeline(config) as pipeline,
-        open_orchestrator(*pipeline.orchestrator_args, **pipeline.orchestrator_kwargs) as orch,
-    ):
+    async with open_pipeline(config) as pipeline:
+        orch = pipeline.orchestrator
         for _ in range(counts.rounds):  # floor, omni, floor, omni, ...
             for size in SIZES:
                 phases = counts.phases(counts.flood[size])
@@ -234,10 +229,8 @@ async def control(counts: Counts) -> dict[str, Any]:
     runs: dict[str, list[dict[str, float]]] = {"socket": [], "omni": []}
     phases = counts.phases(counts.outputs_flood)
     config = parse_pipeline(CONTROL_TOML, source="bench control")
-    async with (
-        open_process_pipeline(config) as pipeline,
-        open_orchestrator(*pipeline.orchestrator_args, **pipeline.orchestrator_kwargs) as orch,
-    ):
+    async with open_pipeline(config) as pipeline:
+        orch = pipeline.orchestrator
         for _ in range(counts.rounds):
             runs["socket"].append(summarize(await floor_outputs(phases)))
             runs["omni"].append(summarize(await _omni_outputs(orch, phases)))
@@ -254,11 +247,7 @@ def demo_config(tokens: int, inline_chunk_bytes: int | None = None) -> PipelineC
     """The demo's config with pacing off and ``tokens`` text tokens per answer, and no
     limit on requests in flight (and ``inline_chunk_bytes``, if given: 0 sends every
     chunk through the rings)."""
-    # The demo's pipeline.toml, as demo.runner.template() reads it, without loading
-    # the runner (and rich) into the orchestrator's process, whose memory is measured.
-    text = files("omni_trio.demo").joinpath("pipeline.toml").read_text()
-    config = parse_pipeline(text, source="omni_trio/demo/pipeline.toml")
-    config = config.with_pipeline(max_in_flight=None)
+    config = shipped_pipeline("demo").with_pipeline(max_in_flight=None)
     if inline_chunk_bytes is not None:
         config = config.with_pipeline(inline_chunk_bytes=inline_chunk_bytes)
     thinker, talker, code2wav = config.stages
@@ -332,12 +321,10 @@ async def demo(
     config = demo_config(counts.demo_tokens, inline_chunk_bytes)
     links = len(config.stages) - 1  # one sending worker -> reading worker pair per edge
     run = _DemoRun()
-    async with open_process_pipeline(config) as pipeline:
+    async with open_pipeline(config) as pipeline:
         prefix = pipeline.prefix
-        async with (
-            open_orchestrator(*pipeline.orchestrator_args, **pipeline.orchestrator_kwargs) as orch,
-            trio.open_nursery() as sampling,
-        ):
+        orch = pipeline.orchestrator
+        async with trio.open_nursery() as sampling:
             sampling.start_soon(run.sample_shm, prefix)
             start = time.perf_counter()
             async with trio.open_nursery() as requests:

@@ -23,7 +23,17 @@ from rich.table import Table
 
 from ._process import DEMO_LEVELS, QUICK_DEMO_LEVELS, SHM_WINDOW, SIZES
 
-__all__ = ["goals", "header", "print_header", "print_process_report", "run_process_bench"]
+__all__ = [
+    "goals",
+    "header",
+    "print_header",
+    "print_process_report",
+    "run_process_bench",
+    "show_met",
+    "show_rate",
+    "show_time",
+    "size_label",
+]
 
 MIB = 1024 * 1024
 #: Chunks up to this size are held to the socket pair; bigger ones to the shm copy.
@@ -149,11 +159,11 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
 # -- the table ----------------------------------------------------------------------------------
 
 
-def _time(seconds: float) -> str:
+def show_time(seconds: float) -> str:
     return f"{seconds * 1e6:,.0f} µs" if seconds < 1e-3 else f"{seconds * 1e3:,.2f} ms"
 
 
-def _rate(per_second: float) -> str:
+def show_rate(per_second: float) -> str:
     return f"{per_second:,.0f}/s"
 
 
@@ -165,7 +175,7 @@ def _entries(left: dict[str, int]) -> str:
     return f"{left['entries']} ({left['bytes']:,} B)"
 
 
-def _met(met: bool) -> str:
+def show_met(met: bool) -> str:
     return "[green]yes[/green]" if met else "[red]no[/red]"
 
 
@@ -178,10 +188,10 @@ def _rows(process: dict[str, Any]) -> list[tuple[str, ...]]:
 
     def judged(key: str) -> tuple[str, str]:
         row = goals_by_key.get(key)
-        return ("", "") if row is None else (row["shown"], _met(row["met"]))
+        return ("", "") if row is None else (row["shown"], show_met(row["met"]))
 
     def compare(label: str, omni: float, floor: float, kind: str, key: str = "") -> None:
-        show = _time if kind == "time" else _rate
+        show = show_time if kind == "time" else show_rate
         rows.append((label, show(omni), show(floor), f"{omni / floor:.2f}x", *judged(key)))
 
     def alone(label: str, value: str, key: str = "") -> None:  # no floor
@@ -212,14 +222,14 @@ def _rows(process: dict[str, Any]) -> list[tuple[str, ...]]:
         at = f"demo.{level}"
         alone(f"demo, {level} requests:", "")
         alone("   wall time", f"{run['wall']:.2f} s")
-        alone("   outputs/s", _rate(run["rate"]))
+        alone("   outputs/s", show_rate(run["rate"]))
         alone("   failed requests", str(run["failures"]), f"{at}.failures")
         rss_goal = goals_by_key.get(f"{at}.worker_rss")
         for name, rss in run["peak_rss"].items():
             goal, met = "", ""
             if rss_goal is not None and name != "orchestrator":
                 goal = rss_goal["shown"]
-                met = _met(rss is not None and rss <= rss_goal["limit"] * MIB)
+                met = show_met(rss is not None and rss <= rss_goal["limit"] * MIB)
             rows.append((f"   peak RSS, {name}", _mib(rss), "", "", goal, met))
         alone("   peak /dev/shm", _mib(run["peak_shm"]))
         # once every request had ended (the pipeline still open), and once it was closed
@@ -267,4 +277,4 @@ def print_process_report(report: dict[str, Any], console: Console) -> None:
     met = sum(row["met"] for row in process["goals"])
     console.print(f"Process goals met: {met} of {len(process['goals'])}")
     for row in process["goals"]:
-        console.print(f"  goal {row['goal']}: {row['value']:.3g} ({_met(row['met'])})")
+        console.print(f"  goal {row['goal']}: {row['value']:.3g} ({show_met(row['met'])})")

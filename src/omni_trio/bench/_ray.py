@@ -32,9 +32,9 @@ import attrs
 import msgspec
 import trio
 
-from .. import open_orchestrator
+from .. import open_pipeline
 from ..config import PipelineConfig, parse_pipeline
-from ..process import LocalRayCluster, local_ray_cluster, open_process_pipeline
+from ..process.testing import LocalRayCluster, local_ray_cluster
 from ._process import CHUNKS_TOML, Counts, _omni_chunks, best, summarize
 
 __all__ = ["RAY_SIZES", "main", "on_nodes", "run"]
@@ -81,20 +81,12 @@ async def chunks(counts: Counts) -> dict[str, Any]:
     process = parse_pipeline(CHUNKS_TOML, source="bench chunks")
     configs = {"process": process, "ray": on_nodes(process, NODES)}
     startup = {}
-    async with (
-        open_process_pipeline(configs["process"]) as by_process,
-        open_orchestrator(
-            *by_process.orchestrator_args, **by_process.orchestrator_kwargs
-        ) as process_orch,
-    ):
+    async with open_pipeline(configs["process"]) as by_process:
         started = time.monotonic()
-        async with (
-            open_process_pipeline(configs["ray"]) as by_ray,
-            open_orchestrator(*by_ray.orchestrator_args, **by_ray.orchestrator_kwargs) as ray_orch,
-        ):
+        async with open_pipeline(configs["ray"]) as by_ray:
             startup["ray_pipeline_ready"] = time.monotonic() - started
             nodes = [stage.statistics().node_id for stage in by_ray.stages]
-            orchs = {"process": process_orch, "ray": ray_orch}
+            orchs = {"process": by_process.orchestrator, "ray": by_ray.orchestrator}
             for _ in range(counts.rounds):  # process, ray, process, ray, ...
                 for size in RAY_SIZES:
                     phases = counts.phases(counts.flood[size])
@@ -116,10 +108,8 @@ async def node_death(local: LocalRayCluster, resource: str) -> dict[str, Any]:
     """One trial: the time from removing the node to the request's error terminal."""
     node = local.add_node({resource: 1})  # the main thread's: Ray's rule
     config = parse_pipeline(DEATH_TOML.format(resource=resource), source="bench node death")
-    async with (
-        open_process_pipeline(config) as pipeline,
-        open_orchestrator(*pipeline.orchestrator_args, **pipeline.orchestrator_kwargs) as orch,
-    ):
+    async with open_pipeline(config) as pipeline:
+        orch = pipeline.orchestrator
         assert pipeline.stages[0].statistics().node_id == node.node_id
         removed_at = ended_at = 0.0
         terminal = None

@@ -18,7 +18,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ._process_report import _met, _rate, _time, size_label
+from ._process_report import show_met, show_rate, show_time, size_label
 from ._ray import RAY_SIZES
 
 __all__ = ["goals", "print_ray_report", "ray_installed", "run_ray_bench"]
@@ -104,7 +104,7 @@ def print_ray_report(report: dict[str, Any], console: Console) -> None:
 
     def judged(key: str) -> tuple[str, str]:
         row = by_key.get(key) if key else None
-        return ("", "") if row is None else (row["shown"], _met(row["met"]))
+        return ("", "") if row is None else (row["shown"], show_met(row["met"]))
 
     for size in RAY_SIZES:
         sides = results["chunks"]["sizes"][str(size)]
@@ -112,21 +112,23 @@ def print_ray_report(report: dict[str, Any], console: Console) -> None:
         goal = size == GOAL_SIZE
         table.add_row(
             f"{size_label(size)}: hop p50",
-            _time(on_ray["hop_p50"]),
-            _time(on_processes["hop_p50"]),
+            show_time(on_ray["hop_p50"]),
+            show_time(on_processes["hop_p50"]),
             *judged("ray.hop_p50" if goal else ""),
         )
-        table.add_row("   hop p99", _time(on_ray["hop_p99"]), _time(on_processes["hop_p99"]))
+        table.add_row(
+            "   hop p99", show_time(on_ray["hop_p99"]), show_time(on_processes["hop_p99"])
+        )
         table.add_row(
             "   flood, chunks/s",
-            _rate(on_ray["rate"]),
-            _rate(on_processes["rate"]),
+            show_rate(on_ray["rate"]),
+            show_rate(on_processes["rate"]),
             *judged("ray.rate" if goal else ""),
         )
         table.add_row(
             "   per chunk (flood)",
-            _time(1 / on_ray["rate"]),
-            _time(1 / on_processes["rate"]),
+            show_time(1 / on_ray["rate"]),
+            show_time(1 / on_processes["rate"]),
         )
     startup = results["chunks"]["startup"]
     table.add_row("cluster up (head + 2 nodes)", f"{startup['cluster']:.1f} s", "")
@@ -150,6 +152,6 @@ def print_ray_report(report: dict[str, Any], console: Console) -> None:
     met = sum(row["met"] for row in ray["goals"])
     console.print(f"Ray goals met: {met} of {len(ray['goals'])}")
     for row in ray["goals"]:
-        console.print(f"  goal {row['goal']}: {row['value']:.3g} ({_met(row['met'])})")
+        console.print(f"  goal {row['goal']}: {row['value']:.3g} ({show_met(row['met'])})")
     if "error" in results["node_death"]["trials"][-1]:
         console.print(f"  the error terminal: {results['node_death']['trials'][-1]['error']}")

@@ -190,31 +190,31 @@ class _Outbox(AsyncioOutboxBase):
 
 
 @final
-class AsyncioRequestStream(StreamBase):
+class AsyncioRequestStream(StreamBase, metaclass=NoPublicConstructor):
     """One request's outputs, in order, ending with its terminal (``async for``);
     :meth:`receive` raises :class:`EndOfOutputs` once the terminal was received."""
-
-    def __init__(self, request_id: str) -> None:
-        super().__init__(request_id, _Outbox())
 
 
 class AsyncioDriver(OrchestratorBase):
     """What every asyncio driver of the core shares: the public API, admissions, the
     shutdown. A subclass supplies its tasks (:meth:`_handle`, :meth:`_read_stage`,
     :meth:`_deliver`) and how outputs reach consumers (:meth:`_new_outbox`,
-    :attr:`_stream_type`): the batched twin here, the plain design in
+    :meth:`_new_stream`): the batched twin here, the plain design in
     :mod:`omni_trio.compare.plain_asyncio`.
     """
 
     _results: Any  # the subclass's outbox: a sink with an ``async get()``
     #: The inbox's bound (``0``: unbounded).
     _inbox_size = INBOX_SIZE
-    #: What :meth:`open_request` yields.
-    _stream_type: Callable[[str], StreamBase]
 
     @staticmethod
     def _new_outbox() -> Any:
         """Where the outputs for ``next_output()`` go: a sink with an ``async get()``."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _new_stream(request_id: str) -> tuple[StreamBase, OutboxBase]:
+        """What :meth:`open_request` yields, and the outbox the handler fills for it."""
         raise NotImplementedError
 
     def __init__(
@@ -265,12 +265,14 @@ class AsyncioDriver(OrchestratorBase):
         """Admit a request and read its outputs from the block; leaving early aborts it
         and waits (up to ``shutdown_grace``) for its terminal, kept in ``terminal``."""
         rid = check_request_id(uuid.uuid4().hex if request_id is None else request_id)
-        stream = self._stream_type(rid)
-        await self._admit(rid, prompt, final_stage_ids, stream)
+        stream, outbox = self._new_stream(rid)
+        await self._admit(rid, prompt, final_stage_ids, outbox)
         try:
             yield stream
         finally:
-            if not stream._take_ready():  # left early
+            if stream.terminal is None:  # it may be among the outputs left unread
+                stream.terminal = outbox.skip_to_terminal()
+            if stream.terminal is None:  # left early
                 # asyncio cancellation is edge-triggered: these awaits run even when
                 # the block is left because the task was cancelled (a second
                 # cancellation would interrupt them). The send can only block while
@@ -280,7 +282,7 @@ class AsyncioDriver(OrchestratorBase):
                     async with timeout(self._shutdown_grace):
                         if not self._closed:
                             await self._send(AbortRequest(rid))
-                        await stream._wait_for_terminal()
+                        stream.terminal = await outbox.wait_for_terminal()
                 except _TIMEOUTS:
                     pass  # as the Trio orchestrator: terminal stays None
 
@@ -338,6 +340,26 @@ class AsyncioDriver(OrchestratorBase):
         await self._inbox.put(message)
 
     # -- tasks -----------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _running(self) -> AsyncIterator[None]:
+        """Run the tasks for the block, then shut down as
+        :func:`open_asyncio_orchestrator` says."""
+        async with TaskGroup() as group:
+            self._start(group)
+            try:
+                yield
+            finally:
+                try:
+                    async with timeout(self._shutdown_grace):
+                        await self._shutdown()
+                except _TIMEOUTS:
+                    logger.warning(
+                        "shutdown: stages did not take their aborts within %s s",
+                        self._shutdown_grace,
+                    )
+                finally:
+                    self._stop_tasks()
 
     def _start(self, group: TaskGroup) -> None:
         for sid, stage in enumerate(self._stages):
@@ -420,11 +442,15 @@ class AsyncioOrchestrator(AsyncioDriver, metaclass=NoPublicConstructor):
     """
 
     _results: _Outbox
-    _stream_type = AsyncioRequestStream
 
     @staticmethod
     def _new_outbox() -> _Outbox:
         return _Outbox()
+
+    @staticmethod
+    def _new_stream(request_id: str) -> tuple[AsyncioRequestStream, _Outbox]:
+        outbox = _Outbox()
+        return AsyncioRequestStream._create(request_id, outbox), outbox  # noqa: SLF001 - its own factory
 
     async def next_outputs(self) -> list[OrchOutput]:
         """The next output of a request admitted with :meth:`add_request`, and every
@@ -504,20 +530,8 @@ async def run_driver(
     )
     orchestrator = driver(core, checked, max_in_flight=max_in_flight, shutdown_grace=shutdown_grace)
     with unwrap_single_exception():
-        async with TaskGroup() as group:
-            orchestrator._start(group)
-            try:
-                yield orchestrator
-            finally:
-                try:
-                    async with timeout(shutdown_grace):
-                        await orchestrator._shutdown()
-                except _TIMEOUTS:
-                    logger.warning(
-                        "shutdown: stages did not take their aborts within %s s", shutdown_grace
-                    )
-                finally:
-                    orchestrator._stop_tasks()
+        async with orchestrator._running():  # noqa: SLF001 - the module's own factory
+            yield orchestrator
 
 
 @asynccontextmanager
@@ -539,7 +553,7 @@ async def open_asyncio_orchestrator(
     interrupts it (asyncio has no shield that waits, see ``docs/cancellation.md``).
     """
     async with run_driver(
-        AsyncioOrchestrator._create,
+        AsyncioOrchestrator._create,  # noqa: SLF001 - the module's own factory
         stages,
         final_stage_ids,
         forward_fn=forward_fn,

@@ -79,7 +79,8 @@ async def wait_all_tasks_blocked() -> None:
 async def collect_outputs(orchestrator: AsyncioOrchestrator) -> list[OrchOutput]:
     """Let every task run until blocked, then take every output that is ready."""
     await wait_all_tasks_blocked()
-    return orchestrator._ready_outputs()
+    ready = orchestrator.statistics().outputs_ready
+    return [await orchestrator.next_output() for _ in range(ready)]  # none waits
 
 
 class _VirtualClock:

@@ -88,14 +88,11 @@ class _Queue(AsyncioOutboxBase):
 
 
 @final
-class PlainRequestStream(StreamBase):
+class PlainRequestStream(StreamBase, metaclass=NoPublicConstructor):
     """One request's outputs, in order, ending with its terminal (``async for``), one
     ``await queue.get()`` each; :meth:`receive` raises :class:`EndOfOutputs` once the
     terminal was received. There is no batch: ``receive_batch()`` raises
     ``NotImplementedError``."""
-
-    def __init__(self, request_id: str) -> None:
-        super().__init__(request_id, _Queue())
 
 
 @final
@@ -106,11 +103,15 @@ class PlainAsyncioOrchestrator(AsyncioDriver, metaclass=NoPublicConstructor):
 
     _results: _Queue
     _inbox_size = 0  # unbounded, as a plain asyncio.Queue()
-    _stream_type = PlainRequestStream
 
     @staticmethod
     def _new_outbox() -> _Queue:
         return _Queue()
+
+    @staticmethod
+    def _new_stream(request_id: str) -> tuple[PlainRequestStream, _Queue]:
+        outbox = _Queue()
+        return PlainRequestStream._create(request_id, outbox), outbox  # noqa: SLF001 - its own factory
 
     async def _handle(self) -> None:
         core = self._core
@@ -181,7 +182,7 @@ async def open_plain_asyncio_orchestrator(
     """The plain design around the core: arguments, API and shutdown are those of
     :func:`~omni_trio.compare.open_asyncio_orchestrator`; only the hops differ."""
     async with run_driver(
-        PlainAsyncioOrchestrator._create,
+        PlainAsyncioOrchestrator._create,  # noqa: SLF001 - the module's own factory
         stages,
         final_stage_ids,
         forward_fn=forward_fn,

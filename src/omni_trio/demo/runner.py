@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import statistics
 from functools import partial
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +16,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from .. import RequestMetrics, open_orchestrator
+from .. import RequestMetrics, open_pipeline
 from .._audio import write_wav
-from ..config import PipelineConfig, parse_pipeline
-from ..process import open_process_pipeline
+from ..config import PipelineConfig, shipped_pipeline
 from ..timeline import have_matplotlib, plot_timeline
 
 __all__ = [
@@ -33,8 +31,8 @@ __all__ = [
     "template",
 ]
 
-#: Where each kind of engines' pipeline config is shipped.
-_TEMPLATES = {"simulated": "omni_trio.demo", "speech": "omni_trio.speech"}
+#: The shipped pipeline of each kind of engines.
+_TEMPLATES = {"simulated": "demo", "speech": "speech"}
 #: What the table and the timeline call each kind of engines.
 _ENGINES = {"speech": "eSpeak NG", "simulated": "simulated"}
 #: The timeline shows this many requests of each mode (the first level's first ones).
@@ -128,9 +126,7 @@ def resolve_engines(engines: str) -> str:
 
 def template(engines: str = "simulated") -> PipelineConfig:
     """The pipeline config shipped for ``engines`` (``"simulated"`` or ``"speech"``)."""
-    package = _TEMPLATES[engines]
-    text = files(package).joinpath("pipeline.toml").read_text()
-    return parse_pipeline(text, source=f"{package.replace('.', '/')}/pipeline.toml")
+    return shipped_pipeline(_TEMPLATES[engines])
 
 
 def _configure(
@@ -208,12 +204,8 @@ async def run_demo(
             if stopping.is_set():
                 break
             config = _configure(options, base, engines, mode)
-            async with (
-                open_process_pipeline(config) as pipeline,
-                open_orchestrator(
-                    *pipeline.orchestrator_args, **pipeline.orchestrator_kwargs
-                ) as orch,
-            ):
+            async with open_pipeline(config) as pipeline:
+                orch = pipeline.orchestrator
                 for concurrency in options.concurrency:
                     if stopping.is_set():
                         break

@@ -3,9 +3,16 @@
 :func:`open_process_stage` runs a stage's engine (see :data:`Engine`) in its own
 process and hands back a :class:`~omni_trio.Stage`; :func:`open_inprocess_stage` runs
 the same engine in a task of the current process, :func:`open_ray_stage` in a Ray
-actor on a node of a cluster; :func:`open_shm_connector` links
-the workers so that they stream chunks to each other in async_chunk mode;
-:func:`open_process_pipeline` starts a whole pipeline from a config.
+actor on a node of a cluster; :func:`open_shm_connector` links the workers so that
+they stream chunks to each other in async_chunk mode; :func:`open_process_pipeline`
+starts the stages of a whole pipeline from a config (:func:`omni_trio.open_pipeline`
+adds the orchestrator).
+
+The package has two sides. The worker side, :mod:`omni_trio.process.worker`, is what
+a worker runs -- the engine API (:class:`EngineRequest`, :class:`ChunkIO`, ...), the
+wire, the links between workers -- and imports nothing from this side. This side
+supervises the workers: the stages, their connections, the connector, and one
+launcher per backend.
 """
 
 from typing import TYPE_CHECKING
@@ -17,48 +24,35 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from ._connector import ConnectorStatistics as ConnectorStatistics
     from ._connector import ShmConnector as ShmConnector
     from ._connector import open_shm_connector as open_shm_connector
-    from ._engine import ChunkIO as ChunkIO
-    from ._engine import ChunkLostError as ChunkLostError
-    from ._engine import Engine as Engine
-    from ._engine import EngineFactory as EngineFactory
-    from ._engine import EngineRequest as EngineRequest
-    from ._engine import Last as Last
     from ._options import WorkerOptions as WorkerOptions
     from ._pipeline import ProcessPipeline as ProcessPipeline
     from ._pipeline import open_process_pipeline as open_process_pipeline
-    from ._ray import LocalRayCluster as LocalRayCluster
-    from ._ray import RaySession as RaySession
-    from ._ray import local_ray_cluster as local_ray_cluster
-    from ._ray import open_ray_session as open_ray_session
-    from ._ray import open_ray_stage as open_ray_stage
+    from ._ray_launcher import open_ray_stage as open_ray_stage
+    from ._ray_session import RaySession as RaySession
+    from ._ray_session import open_ray_session as open_ray_session
     from ._stage import ProcessStage as ProcessStage
     from ._stage import ProcessStageStatistics as ProcessStageStatistics
     from ._stage import WorkerUnavailableError as WorkerUnavailableError
     from ._stage import open_inprocess_stage as open_inprocess_stage
     from ._stage import open_process_stage as open_process_stage
-    from ._wire import MAX_FRAME as MAX_FRAME
-    from ._wire import ProtocolError as ProtocolError
+    from .testing import LocalRayCluster as LocalRayCluster
+    from .testing import local_ray_cluster as local_ray_cluster
+    from .worker._engine import ChunkIO as ChunkIO
+    from .worker._engine import ChunkLostError as ChunkLostError
+    from .worker._engine import Engine as Engine
+    from .worker._engine import EngineFactory as EngineFactory
+    from .worker._engine import EngineRequest as EngineRequest
+    from .worker._engine import Last as Last
+    from .worker._wire import MAX_FRAME as MAX_FRAME
+    from .worker._wire import ProtocolError as ProtocolError
 
 _EXPORTS = {
     "._connection": ["WorkerStartError"],
     "._connector": ["ConnectorStatistics", "ShmConnector", "open_shm_connector"],
-    "._engine": [
-        "ChunkIO",
-        "ChunkLostError",
-        "Engine",
-        "EngineFactory",
-        "EngineRequest",
-        "Last",
-    ],
     "._options": ["WorkerOptions"],
     "._pipeline": ["ProcessPipeline", "open_process_pipeline"],
-    "._ray": [
-        "LocalRayCluster",
-        "RaySession",
-        "local_ray_cluster",
-        "open_ray_session",
-        "open_ray_stage",
-    ],
+    "._ray_launcher": ["open_ray_stage"],
+    "._ray_session": ["RaySession", "open_ray_session"],
     "._stage": [
         "ProcessStage",
         "ProcessStageStatistics",
@@ -66,8 +60,19 @@ _EXPORTS = {
         "open_inprocess_stage",
         "open_process_stage",
     ],
-    "._wire": ["MAX_FRAME", "ProtocolError"],
+    # where they lived first: omni_trio.process.testing is their home now
+    ".testing": ["LocalRayCluster", "local_ray_cluster"],
+    ".worker._engine": [
+        "ChunkIO",
+        "ChunkLostError",
+        "Engine",
+        "EngineFactory",
+        "EngineRequest",
+        "Last",
+    ],
+    ".worker._wire": ["MAX_FRAME", "ProtocolError"],
 }
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)
-# Imported on first use: a stage worker imports this package but needs none of it.
+# Imported on first use: a stage worker imports this package but needs none of it
+# but the engine API.
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -1,7 +1,7 @@
 """One worker and the control connection to it.
 
 A :class:`WorkerConnection` starts its worker (:meth:`~WorkerConnection.start`: launch
-a process or a task -- see :mod:`omni_trio.process._backends` --, ``Init``,
+a process or a task -- see :mod:`omni_trio.process._launcher` --, ``Init``,
 ``Ready``), serves it until it is gone (:meth:`~WorkerConnection.run`: the write,
 read, heartbeat and exit-status tasks) and stops it (:meth:`~WorkerConnection.aclose`:
 ``Shutdown``, a grace period, then a kill). It knows which requests it holds; what
@@ -18,11 +18,12 @@ import trio
 
 from .._messages import StageItem, StageOutput
 from .._util import describe, final
-from . import _wire as wire
 from ._options import WorkerOptions
+from .worker import _wire as wire
+from .worker._framing import FrameReader, FrameWriter
 
-if TYPE_CHECKING:  # the launchers import this module
-    from ._backends import LaunchedWorker, WorkerLauncher
+if TYPE_CHECKING:
+    from ._launcher import LaunchedWorker, WorkerLauncher
 
 __all__ = ["WorkerConnection", "WorkerStartError"]
 
@@ -67,9 +68,9 @@ class WorkerConnection:
         self._label = label
         self._options = options
         self._heartbeats = launched.heartbeat
-        self._stream = trio.SocketStream(trio.socket.from_stdlib_socket(launched.control))
-        self._reader = wire.FrameReader(self._stream, wire.DECODE_FROM_WORKER)
-        self._writer = wire.FrameWriter(self._stream)
+        self._stream = launched.control
+        self._reader = FrameReader(self._stream, wire.DECODE_FROM_WORKER)
+        self._writer = FrameWriter(self._stream)
         self._scope: trio.CancelScope | None = None  # run()'s tasks
         self._gone_because: str | None = None
         self._delivering = False  # the reader waits for the stage's outputs channel

@@ -1,7 +1,7 @@
 """The shm connector: where each stage's chunks go.
 
 In async_chunk mode the stages stream to each other, and the chunks go straight from
-worker to worker (:mod:`omni_trio.process._links`): a small chunk inside its frame, a
+worker to worker (the worker package's ``_links``): a small chunk inside its frame, a
 bigger one through the sending worker's shared-memory ring. The connector knows the
 pipeline's edges (a stage -> the stages that read its chunks) and sets the links up:
 a worker that reads chunks listens, and the connector tells the workers upstream of
@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 import attrs
 
 from .._util import NoPublicConstructor, final
-from . import _shm
 from ._options import INLINE_CHUNK_BYTES, MIN_RING_BYTES, RING_BYTES
+from .worker import _shm
 
 if TYPE_CHECKING:
     from ._connection import WorkerConnection
@@ -62,6 +62,7 @@ class ShmConnector(metaclass=NoPublicConstructor):
 
     Attributes:
       routes: Per stage, the stages that read its chunks.
+      sources: Per stage, the stages whose chunks it reads (``routes`` backwards).
       prefix: The shared-memory name prefix of the stages it serves.
       inline_chunk_bytes: A chunk of at most this many bytes travels inside its frame;
           a bigger one through the sender's ring (0: every chunk through the ring).
@@ -86,10 +87,11 @@ class ShmConnector(metaclass=NoPublicConstructor):
         self.inline_chunk_bytes = inline_chunk_bytes
         self.ring_bytes = ring_bytes
         self.listen_host = listen_host
-        self._sources: dict[int, list[int]] = {}
+        sources: dict[int, list[int]] = {}
         for source, targets in self.routes.items():
             for target in targets:
-                self._sources.setdefault(target, []).append(source)
+                sources.setdefault(target, []).append(source)
+        self.sources = {target: tuple(of) for target, of in sources.items()}
         self._workers: dict[int, WorkerConnection] = {}
         self._gone: set[int] = set()
         self._routes_sent = 0
@@ -112,7 +114,7 @@ class ShmConnector(metaclass=NoPublicConstructor):
 
     def reads(self, stage_id: int) -> bool:
         """Whether stage ``stage_id`` reads chunks (its workers listen for them)."""
-        return stage_id in self._sources
+        return stage_id in self.sources
 
     def life(self, request_id: str) -> int:
         """The life of ``request_id`` a stage submits it in: the current one's, or,
@@ -138,7 +140,7 @@ class ShmConnector(metaclass=NoPublicConstructor):
             sender.route(target, "" if reader is None else reader.address)
 
     def _tell_sources(self, stage_id: int) -> None:
-        for source in self._sources.get(stage_id, ()):
+        for source in self.sources.get(stage_id, ()):
             sender = self._workers.get(source)
             if sender is not None:
                 self._route(sender, stage_id)
@@ -199,12 +201,12 @@ async def open_shm_connector(
         raise ValueError(f"inline_chunk_bytes must be >= 0, got {inline_chunk_bytes!r}")
     if ring_bytes < MIN_RING_BYTES:
         raise ValueError(f"ring_bytes must be >= {MIN_RING_BYTES}, got {ring_bytes!r}")
-    connector = ShmConnector._create(
+    connector = ShmConnector._create(  # noqa: SLF001 - the module's own factory
         routes, prefix or _shm.new_prefix(), inline_chunk_bytes, ring_bytes, listen_host
     )
     try:
         yield connector
     finally:
-        for stage_id in {*connector.routes, *connector._sources}:
+        for stage_id in {*connector.routes, *connector.sources}:
             connector.close(stage_id)
         _shm.sweep(connector.prefix)

@@ -6,17 +6,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
 from .._util import final
-from . import _shm
+from ..config import PipelineConfig
 from ._connector import ShmConnector, open_shm_connector
 from ._stage import ProcessStage, open_inprocess_stage, open_process_stage
-
-if TYPE_CHECKING:  # the config module depends on this wing, not the other way round
-    from ..config import PipelineConfig
+from .worker import _shm
 
 __all__ = ["ProcessPipeline", "open_process_pipeline"]
 
@@ -78,7 +76,8 @@ async def open_process_pipeline(config: PipelineConfig) -> AsyncIterator[Process
             }
             listen_host = ""
             if any(stage.runtime.backend == "ray" for stage in config.stages):
-                from ._ray import open_ray_session, open_ray_stage
+                from ._ray_launcher import open_ray_stage
+                from ._ray_session import open_ray_session
 
                 address = config.pipeline.ray_address
                 session = await stack.enter_async_context(open_ray_session(address))

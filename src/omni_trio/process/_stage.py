@@ -21,20 +21,25 @@ import trio
 from .._errors import unwrap_single_exception
 from .._messages import StageItem, StageOutput
 from .._util import NoPublicConstructor, final, import_object, stage_label
-from . import _shm
-from . import _wire as wire
-from ._backends import ProcessLauncher, TaskLauncher, WorkerLauncher
 from ._connection import WorkerConnection, WorkerStartError
 from ._connector import ShmConnector
-from ._engine import EngineFactory
+from ._launcher import WorkerLauncher
 from ._options import WorkerOptions
+from ._process_launcher import ProcessLauncher
+from ._task_launcher import TaskLauncher
+from .worker import _shm
+from .worker import _wire as wire
+from .worker._engine import EngineFactory
 
 __all__ = [
     "ProcessStage",
     "ProcessStageStatistics",
     "WorkerUnavailableError",
+    "importable_path",
     "open_inprocess_stage",
     "open_process_stage",
+    "open_stage",
+    "stage_options",
 ]
 
 logger = logging.getLogger("omni_trio.process")
@@ -326,8 +331,19 @@ class ProcessStage(metaclass=NoPublicConstructor):
                 )
         return reason, worker.in_flight
 
-    def _close(self) -> None:
-        self._scope.cancel()
+    @asynccontextmanager
+    async def _running(self) -> AsyncIterator[None]:
+        """Supervise the stage's workers in the block (the first one is ready when
+        it is entered); leaving it closes the stage: its worker stops, shielded,
+        within ``shutdown_grace``."""
+        with unwrap_single_exception():
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery  # an in-process worker's tasks run here
+                await nursery.start(self._supervise)
+                try:
+                    yield
+                finally:
+                    self._scope.cancel()
 
 
 def _factory_path(engine: str | EngineFactory) -> str:
@@ -341,7 +357,7 @@ def _factory_path(engine: str | EngineFactory) -> str:
     return f"{module}:{qualname}" if module and qualname else repr(engine)
 
 
-def _importable_path(engine: str | EngineFactory) -> str:
+def importable_path(engine: str | EngineFactory) -> str:
     """A worker process imports its engine's factory: a factory object must be found
     at its import path."""
     path = _factory_path(engine)
@@ -396,8 +412,8 @@ async def open_process_stage(
       WorkerStartError: the worker could not be started; the message says why (an
           import error in the factory, a crash, a timeout).
     """
-    async with _open_stage(
-        _importable_path(engine),
+    async with open_stage(
+        importable_path(engine),
         ProcessLauncher(),
         stage_id=stage_id,
         name=name,
@@ -453,7 +469,7 @@ async def open_inprocess_stage(
       WorkerStartError: the engine could not be loaded; the message says why.
     """
     factory = None if isinstance(engine, str) else engine
-    async with _open_stage(
+    async with open_stage(
         _factory_path(engine),
         TaskLauncher(factory),
         stage_id=stage_id,
@@ -481,7 +497,7 @@ def stage_options(options: WorkerOptions | None, backend: str) -> WorkerOptions:
 
 
 @asynccontextmanager
-async def _open_stage(
+async def open_stage(
     engine: str,
     launcher: WorkerLauncher,
     *,
@@ -495,7 +511,7 @@ async def _open_stage(
     options = stage_options(options, launcher.backend)
     if prefix is None:
         prefix = connector.prefix if connector is not None else _shm.new_prefix()
-    stage = ProcessStage._create(
+    stage = ProcessStage._create(  # noqa: SLF001 - the module's own factory
         engine,
         stage_id=stage_id,
         name=name or f"stage{stage_id}",
@@ -505,11 +521,5 @@ async def _open_stage(
         options=options,
         launcher=launcher,
     )
-    with unwrap_single_exception():
-        async with trio.open_nursery() as nursery:
-            stage._nursery = nursery  # an in-process worker's tasks run here
-            await nursery.start(stage._supervise)
-            try:
-                yield stage
-            finally:
-                stage._close()  # the worker stops, shielded, within shutdown_grace
+    async with stage._running():  # noqa: SLF001 - the module's own factory
+        yield stage

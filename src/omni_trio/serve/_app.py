@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -25,12 +25,35 @@ if TYPE_CHECKING:
     from .._orchestrator import Orchestrator
     from ..config import PipelineConfig
 
-__all__ = ["DEFAULT_MAX_WAITING", "app_for_config", "create_app", "server_state"]
+__all__ = [
+    "DEFAULT_MAX_WAITING",
+    "OpenPipeline",
+    "ServedPipeline",
+    "app_for_config",
+    "create_app",
+    "server_state",
+]
 
 #: Requests that may wait for a ``max_in_flight`` slot before more get 503.
 DEFAULT_MAX_WAITING = 64
 
-OpenPipeline = Callable[[], AbstractAsyncContextManager["Orchestrator"]]
+
+class ServedPipeline(Protocol):
+    """What the server needs of a running pipeline: an :class:`omni_trio.Pipeline`
+    (from :func:`omni_trio.open_pipeline`), or any object with these two attributes
+    (a pipeline of scripted stages, in tests)."""
+
+    @property
+    def orchestrator(self) -> Orchestrator:
+        """Where the server admits its requests."""
+
+    @property
+    def stages(self) -> Sequence[object]:
+        """The pipeline's stages, in order: ``/metrics`` labels them by their ``name``."""
+
+
+OpenPipeline = Callable[[], AbstractAsyncContextManager[ServedPipeline]]
+"""``open_pipeline()``: an async context manager whose value is the running pipeline."""
 
 
 def _json(body: object, status: int = 200) -> Response:
@@ -53,10 +76,10 @@ def create_app(
     Args:
       model: The name clients ask for and the pipeline's final outputs.
       open_pipeline: Called once, in the app's lifespan: an async context manager
-          whose value is the running :class:`~omni_trio.Orchestrator` (for a config,
-          :func:`app_for_config` starts its stages and the orchestrator). The app is
-          ready (``/health`` 200) once it has entered, and it is left when the server
-          stops.
+          whose value is the running pipeline (see :class:`ServedPipeline`), e.g.
+          ``lambda: omni_trio.open_pipeline(config)``, which is what
+          :func:`app_for_config` does. The app is ready (``/health`` 200) once it has
+          entered, and it is left when the server stops.
       max_waiting: With the orchestrator's ``max_in_flight`` reached, how many more
           requests may wait for a slot; beyond that a request gets 503 at once.
 
@@ -72,10 +95,11 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         started = False
         try:
-            async with open_pipeline() as orchestrator:
+            async with open_pipeline() as pipeline:
+                orchestrator = pipeline.orchestrator
                 labels = [
                     getattr(stage, "name", None) or f"stage{index}"
-                    for index, stage in enumerate(orchestrator._stages)
+                    for index, stage in enumerate(pipeline.stages)
                 ]
                 state.metrics.watch(orchestrator.statistics, labels)
                 state.orchestrator = orchestrator
@@ -140,18 +164,10 @@ def server_state(app: Starlette) -> ServerState:
 
 
 def app_for_config(config: PipelineConfig, *, max_waiting: int = DEFAULT_MAX_WAITING) -> Starlette:
-    """:func:`create_app` for a pipeline config: its lifespan starts the config's
-    stages (:func:`~omni_trio.process.open_process_pipeline`) and an orchestrator
-    over them with the config's options."""
-    from .. import open_orchestrator
-    from ..process import open_process_pipeline
+    """:func:`create_app` for a pipeline config: its lifespan runs the config's
+    pipeline (:func:`omni_trio.open_pipeline`)."""
+    from .. import open_pipeline
 
-    @asynccontextmanager
-    async def open_pipeline() -> AsyncIterator[Orchestrator]:
-        async with (
-            open_process_pipeline(config) as pipeline,
-            open_orchestrator(*pipeline.orchestrator_args, **pipeline.orchestrator_kwargs) as orch,
-        ):
-            yield orch
-
-    return create_app(ServedModel.from_config(config), open_pipeline, max_waiting=max_waiting)
+    return create_app(
+        ServedModel.from_config(config), lambda: open_pipeline(config), max_waiting=max_waiting
+    )

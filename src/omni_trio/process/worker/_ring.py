@@ -35,7 +35,7 @@ import os
 import struct
 from collections import deque
 
-from .._util import final
+from ..._util import final
 from . import _shm
 
 __all__ = ["ALIGN", "HEADER", "MIN_SIZE", "RingError", "RingReader", "RingWriter"]

@@ -38,44 +38,22 @@ died drops its ring and, on its connection to the stage's next worker, sends
 from __future__ import annotations
 
 import collections
-import socket
 import zlib
 
 import trio
 
 from . import _wire as wire
+from ._framing import CONNECTION_OVER, FrameReader, FrameWriter, write_until_closed
 from ._ring import RingError, RingReader, RingWriter
+from ._transport import SocketTransport, Transport
 
-__all__ = ["InLink", "OutLink", "listen_address", "ring_tag", "tcp_address"]
-
-#: The kernel's send buffer of a chunk link, in bytes.
-LINK_SEND_BUFFER = 1 << 20
+__all__ = ["InLink", "OutLink", "ring_tag"]
 
 #: Seconds a sender waits before it connects again to a reader whose link ended.
 RECONNECT_DELAY = 0.1
 
-
-def listen_address(prefix: str, stage_id: int, generation: int) -> str:
-    """Where stage ``stage_id``'s worker ``generation`` listens for chunk links on its
-    own host: a Linux abstract socket name (no file to clean up), unique to the worker.
-    (A worker that may be read from another host listens on TCP instead; its address
-    is ``tcp_address(host, port)``.)"""
-    return f"\0{prefix}-{stage_id}-{generation}"
-
-
-def tcp_address(host: str, port: int) -> str:
-    """A chunk link's TCP address, as ``Ready`` and ``Route`` carry it."""
-    return f"tcp:{host}:{port}"
-
-
-async def _open_link(address: str) -> tuple[trio.SocketStream, bool]:
-    """Connect to a reading worker; also whether the link may carry ring offsets (a
-    Unix socket: the reader shares our host, and so our shared memory). Over TCP the
-    reader may be on another host: every chunk travels inside its frame."""
-    if address.startswith("tcp:"):
-        host, _, port = address[4:].rpartition(":")
-        return await trio.open_tcp_stream(host, int(port)), False  # TCP_NODELAY is set
-    return await trio.open_unix_socket(address), True
+#: How a link connects when its worker was given no transport.
+_SOCKETS = SocketTransport()
 
 
 def ring_tag(request_id: str, seq: int) -> int:
@@ -103,10 +81,10 @@ class _Unacked:
 class _Connection:
     __slots__ = ("ring", "scope", "shared_memory", "stream", "writer")
 
-    def __init__(self, stream: trio.SocketStream, shared_memory: bool) -> None:
+    def __init__(self, stream: trio.abc.Stream, shared_memory: bool) -> None:
         self.stream = stream
         self.shared_memory = shared_memory  # big chunks may go through a ring
-        self.writer = wire.FrameWriter(stream)
+        self.writer = FrameWriter(stream)
         self.scope = trio.CancelScope()
         self.ring: RingWriter | None = None
 
@@ -127,6 +105,7 @@ class OutLink:
         init: wire.Init,
         target: int,
         nursery: trio.Nursery,
+        transport: Transport = _SOCKETS,
     ) -> None:
         self.target = target
         self.gone = False
@@ -136,6 +115,7 @@ class OutLink:
         self._ring_prefix = f"{init.prefix}-{init.stage_id}-{init.generation}-ring{target}-"
         self._rings = 0
         self._nursery = nursery
+        self._transport = transport
         self._address = ""  # of the worker we send to; "" while there is none
         self._connection: _Connection | None = None
         self._connected = trio.Event()  # set while connected, and once gone
@@ -163,9 +143,7 @@ class OutLink:
     async def _connect(self, address: str) -> None:
         while True:
             try:
-                stream, shared_memory = await _open_link(address)
-                # Room for a burst of big chunks in the kernel, not a wake-up per chunk.
-                stream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, LINK_SEND_BUFFER)
+                stream, shared_memory = await self._transport.connect(address)
             except OSError:
                 if self._address == address:
                     self._address = ""  # gone: the orchestrator routes us to its successor
@@ -199,7 +177,7 @@ class OutLink:
         try:
             with connection.scope:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(wire.write_until_closed, connection.writer)
+                    nursery.start_soon(write_until_closed, connection.writer)
                     await self._read_acks(connection)
                     nursery.cancel_scope.cancel()
         finally:
@@ -211,12 +189,12 @@ class OutLink:
         return ended
 
     async def _read_acks(self, connection: _Connection) -> None:
-        reader = wire.FrameReader(connection.stream, wire.DECODE_TO_SENDER)
+        reader = FrameReader(connection.stream, wire.DECODE_TO_SENDER)
         try:
             while True:
                 for ack in await reader.receive():
                     self._on_ack(connection, ack)
-        except wire.CONNECTION_OVER:
+        except CONNECTION_OVER:
             return
 
     def _on_ack(self, connection: _Connection, ack: wire.Ack) -> None:
@@ -362,7 +340,7 @@ class InLink:
     def __init__(
         self, stream: trio.abc.SendStream, window: int, window_bytes: int = 1 << 20
     ) -> None:
-        self.writer = wire.FrameWriter(stream)
+        self.writer = FrameWriter(stream)
         self.ring: RingReader | None = None
         #: Why the sender's ring cannot be read (it died, and its ring was freed).
         self.ring_missing = ""

@@ -1,0 +1,71 @@
+"""``backend = "process"``: each worker a Python process of its own."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+import trio
+
+from .._util import final
+from ._launcher import LaunchedWorker, exit_reason
+from .worker import _main
+
+__all__ = ["WORKER_MAIN", "ProcessLauncher"]
+
+
+@final
+class _ProcessHandle:
+    place = None
+
+    def __init__(self, process: trio.Process) -> None:
+        self.process = process
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def kill(self) -> None:
+        if self.process.returncode is None:
+            self.process.kill()
+
+    async def wait(self) -> str:
+        return exit_reason(await self.process.wait())
+
+
+#: A worker process's program (``python -c WORKER_MAIN --control-fd N``): ``python -m
+#: omni_trio.process.worker``, but ignoring SIGINT and SIGTERM from its first line on:
+#: a Ctrl-C at the terminal reaches every process of the group, and one that lands
+#: while a worker still imports must not print a ``KeyboardInterrupt`` (the worker's
+#: orchestrator decides when it stops; see ``worker.main``). Its command line says it
+#: (tests find the workers of a process by it).
+WORKER_MAIN = (
+    "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    f"from {_main.__name__} import main; main()"
+)
+
+
+@final
+class ProcessLauncher:
+    """Each worker is :func:`omni_trio.process.worker.main` in a new Python process (with
+    the import path of this process, so it imports what we can, and SIGINT and SIGTERM
+    ignored from its first line), its control connection an inherited socket pair."""
+
+    backend = "process"
+
+    async def launch(self, nursery: trio.Nursery) -> LaunchedWorker:
+        ours, child = socket.socketpair()
+        command = [sys.executable, "-c", WORKER_MAIN, "--control-fd", str(child.fileno())]
+        env = dict(os.environ)  # the worker imports what this process can
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        try:
+            process = await trio.lowlevel.open_process(command, pass_fds=[child.fileno()], env=env)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            child.close()
+        control = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+        return LaunchedWorker(_ProcessHandle(process), control)

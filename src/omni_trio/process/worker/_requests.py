@@ -1,0 +1,223 @@
+"""What a worker keeps per request: its engine's scope and its upstream chunks
+(:class:`WorkerRequest`), the engine's handle on them (:class:`RequestIO`, the
+worker's side of :class:`~omni_trio.process.ChunkIO`), and the :class:`Gate` that
+holds engines back while the control connection is backlogged."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import trio
+
+from . import _wire as wire
+from ._engine import ChunkLostError
+from ._framing import FrameWriter
+from ._links import InLink
+from ._ring import RingError
+
+if TYPE_CHECKING:
+    from ._worker import Worker
+
+__all__ = ["YIELD_EVERY", "Gate", "Notice", "RequestIO", "WorkerRequest"]
+
+
+#: An engine that sends or reads chunks without ever waiting yields to the other
+#: tasks once in this many calls (each is a cancellation point all the same).
+YIELD_EVERY = 64
+
+
+class Gate:
+    """Holds engines back while the control connection is backlogged.
+
+    An engine makes an output between two waits; a backlog should stop it *before*
+    it does (a thousand engines each holding one finished output is a thousand
+    outputs of memory), so an engine passes this gate before it computes -- before
+    its generator is resumed, and when a chunk is handed to it -- and leaves when it
+    yields its output or waits for a chunk. Engines pass while the queued bytes plus
+    an output's worth for each engine past the gate fit under the connection's high
+    water; the others wait, first come first served.
+    """
+
+    __slots__ = ("_control", "_estimate", "_lot", "inside")
+
+    def __init__(self, control: FrameWriter) -> None:
+        self._control = control
+        self._lot = trio.lowlevel.ParkingLot()
+        self._estimate = 0  # bytes: the largest recent output frame, decaying
+        self.inside = 0
+        control.on_written = self._admit
+
+    def _fits(self) -> bool:
+        return self._control.queued + self.inside * self._estimate <= self._control.high_water
+
+    async def enter(self) -> None:
+        if not self._lot and self._fits():
+            self.inside += 1
+            return
+        await self._lot.park()  # whoever unparks us counts us in
+
+    def leave(self, output_bytes: int = 0) -> None:
+        """Leave the gate, having made an output of ``output_bytes`` (0: none)."""
+        self.inside -= 1
+        if output_bytes:
+            self._estimate = max(output_bytes, self._estimate - (self._estimate >> 4))
+        self._admit()
+
+    def _admit(self) -> None:
+        while self._lot and self._fits():
+            self._lot.unpark()
+            self.inside += 1
+
+
+#: An upstream chunk (or a loss) for a request, and the link to acknowledge it on
+#: once read (``None``: taken when it came, acknowledged then).
+Notice = tuple["wire.Chunk | wire.Lost", "InLink | None"]
+
+
+class WorkerRequest:
+    """One request as this worker knows it: its engine task, its upstream chunks."""
+
+    __slots__ = (
+        "broken",
+        "eof",
+        "expected",
+        "finished",
+        "inbox_receive",
+        "inbox_send",
+        "inside",
+        "life",
+        "running",
+        "scope",
+        "sent",
+        "upstream_done",
+    )
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.sent = 0
+        self.inbox_send, self.inbox_receive = trio.open_memory_channel[Notice](math.inf)
+        self.running = False  # its engine was started, and has not ended
+        self.finished = False  # its engine has ended: nothing will read its chunks
+        self.inside = False  # its engine is past the gate (computing)
+        self.life = 0  # its Submit's (0: not submitted yet, or no connector)
+        self.upstream_done = False  # its end of stream arrived: nothing more can be lost
+        self.expected = 0  # the seq of the next upstream chunk
+        self.eof = False  # the engine has read to the end
+        self.broken: str | None = None  # why chunks are missing, once they are
+
+    def drain(self, keep: Callable[[int], bool] = lambda life: False) -> None:
+        """Drop what waits in the inbox (acknowledging it), but for the notices of
+        the lives ``keep`` says to keep."""
+        kept = []
+        while True:
+            try:
+                notice, link = self.inbox_receive.receive_nowait()
+            except trio.WouldBlock:
+                break
+            if keep(notice.life):
+                kept.append((notice, link))
+            elif link is not None and isinstance(notice, wire.Chunk) and not notice.eos:
+                link.ack(notice.request_id, notice.offset, notice.size)
+        self.upstream_done = False
+        for notice, link in kept:
+            self.upstream_done |= isinstance(notice, wire.Chunk) and notice.eos
+            self.inbox_send.send_nowait((notice, link))
+
+
+class RequestIO:
+    """The worker's side of :class:`omni_trio.process.ChunkIO`."""
+
+    def __init__(self, worker: Worker, request_id: str, request: WorkerRequest) -> None:
+        self._worker = worker
+        self._request_id = request_id
+        self._request = request
+        self._since_yield = 0  # sends and reads that did not yield to other tasks
+
+    async def _checkpoint(self) -> None:
+        """The second half of a checkpoint, taken once every ``YIELD_EVERY`` calls:
+        every call is a cancellation point, and an engine that never has to wait
+        still lets the others run (and its chunks go out in batches meanwhile)."""
+        self._since_yield += 1
+        if self._since_yield >= YIELD_EVERY:
+            self._since_yield = 0
+            await trio.lowlevel.cancel_shielded_checkpoint()
+
+    @property
+    def connected(self) -> bool:
+        return self._worker.init.chunks
+
+    async def send(self, chunk: bytes | bytearray | memoryview) -> None:
+        worker, request = self._worker, self._request
+        if not worker.init.chunks:
+            raise RuntimeError("this stage has no connector: chunks need async_chunk mode")
+        # A checkpoint in two halves: an engine resumed after its request was aborted
+        # and released stops here, before it sends anything more; and a chunk goes
+        # out before the engine yields to the others, not after.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        view = memoryview(chunk).cast("B")  # bytes, not items, for any buffer
+        seq = request.sent
+        request.sent += 1
+        for link in worker.outlinks:
+            await link.send(self._request_id, seq, view, request.life)
+        await self._checkpoint()
+
+    async def end(self) -> None:
+        for link in self._worker.outlinks:
+            await link.end(self._request_id, self._request.sent, self._request.life)
+
+    def __aiter__(self) -> RequestIO:
+        return self
+
+    async def __anext__(self) -> bytes:
+        request = self._request
+        if request.eof:
+            await trio.lowlevel.checkpoint()
+            raise StopAsyncIteration
+        if request.broken is None:
+            gate = self._worker.gate
+            inbox = request.inbox_receive
+            if request.inside and not inbox.statistics().current_buffer_used:
+                request.inside = False  # waiting for a chunk is not computing
+                gate.leave()
+            if inbox.statistics().current_buffer_used:
+                await trio.lowlevel.checkpoint_if_cancelled()
+                notice, link = inbox.receive_nowait()
+                await self._checkpoint()  # shielded: what was taken is not lost
+            else:
+                notice, link = await inbox.receive()
+                self._since_yield = 0
+            if not request.inside:
+                try:
+                    await gate.enter()
+                except BaseException:  # cancelled: nobody reads it, give it back
+                    if link is not None and isinstance(notice, wire.Chunk) and not notice.eos:
+                        link.ack(self._request_id, notice.offset, notice.size)
+                    raise
+                request.inside = True
+            if isinstance(notice, wire.Lost):
+                request.broken = notice.reason
+            elif notice.seq != request.expected:
+                request.broken = f"chunk {request.expected} of its upstream stage never arrived"
+                if link is not None and not notice.eos:  # its window and its slot back
+                    link.ack(self._request_id, notice.offset, notice.size)
+            elif notice.eos:
+                request.eof = True
+                raise StopAsyncIteration
+            else:
+                request.expected += 1
+                data = notice.data  # it travelled in its frame, or was taken at arrival
+                if link is not None:
+                    if data is None:
+                        try:
+                            data = link.read(notice)
+                        except (RingError, wire.ProtocolError) as exc:
+                            request.broken = f"chunk {notice.seq}: {exc}"
+                    link.ack(self._request_id, notice.offset, notice.size)
+                if request.broken is None and data is not None:
+                    return data
+                request.broken = request.broken or f"chunk {notice.seq} arrived without its data"
+        else:
+            await trio.lowlevel.checkpoint()
+        raise ChunkLostError(f"request {self._request_id!r}: {request.broken}")

@@ -1,0 +1,337 @@
+"""A stage worker: one stage's engine under Trio, serving its orchestrator.
+
+:func:`serve` is a worker's whole life, whatever runs it: a worker process
+(:mod:`._main`, ``python -m omni_trio.process.worker``), a task of the
+orchestrator's own Trio run (an in-process stage), or a Ray actor. Its control
+connection -- any ``trio.abc.Stream`` -- carries frames from the orchestrator
+(``Init`` first, then ``Submit``, ``Abort``, ``Release``, ``Route``, ``Ping``,
+``Shutdown``) and back (``Ready``/``Fatal``, ``Output``, ``Failed``, ``Pong``). In
+async_chunk mode chunks go straight to the workers of the stages downstream, over
+links the orchestrator routes (:mod:`._links`), opened through a
+:class:`~._transport.Transport`; a worker that reads chunks listens for them.
+
+The worker side of the process boundary: this package imports nothing of the
+supervisor's or the orchestrator's, only the foundations.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import aclosing
+from typing import Any
+
+import trio
+
+from ..._util import describe, import_object
+from . import _wire as wire
+from ._engine import Engine, EngineFactory, EngineRequest, Last
+from ._framing import PEER_GONE, FrameReader, FrameWriter, write_until_closed
+from ._links import InLink, OutLink
+from ._requests import Gate, RequestIO, WorkerRequest
+from ._ring import RingError, RingReader
+from ._transport import SocketTransport, Transport
+
+__all__ = ["REMEMBER_RELEASED", "Worker", "serve"]
+
+#: Bytes a chunk link's reader asks for at a time (its frames may be big).
+LINK_READ_SIZE = 1 << 18
+
+#: How many released request ids a worker remembers (see ``Worker.released``).
+REMEMBER_RELEASED = 4096
+
+#: What reading from the orchestrator (or an upstream worker) raises once it went
+#: away: an end of stream, or a reset (it closed with frames of ours unread). Either
+#: way: exit (or end the link), quietly.
+_ORCHESTRATOR_GONE: tuple[type[Exception], ...] = (EOFError, *PEER_GONE)
+
+
+class Worker:
+    def __init__(
+        self,
+        init: wire.Init,
+        engine: Engine,
+        control: FrameWriter,
+        transport: Transport | None = None,
+    ) -> None:
+        self.init = init
+        self.engine = engine
+        self.control = control
+        self.gate = Gate(control)
+        #: How its chunk links are opened (connections to the stages downstream).
+        self.transport = transport or SocketTransport(init.listen_host)
+        #: One per downstream stage (async_chunk mode), once serving.
+        self.outlinks: list[OutLink] = []
+        self.requests: dict[str, WorkerRequest] = {}
+        #: Recently released ids, oldest first, and the life they were in: chunks
+        #: that trail their request's release are dropped instead of starting a
+        #: request that never ends.
+        self.released: dict[str, int] = {}
+
+    def _request(self, request_id: str) -> WorkerRequest:
+        known = self.requests.get(request_id)
+        if known is not None:
+            return known
+        request = self.requests[request_id] = WorkerRequest()  # chunks may come before the submit
+        return request
+
+    def handle(self, message: Any, nursery: trio.Nursery) -> bool:
+        """Apply one control message; ``False`` means shut down."""
+        kind = type(message)
+        if kind is wire.Submit:
+            self.released.pop(message.request_id, None)  # the id's next life
+            request = self._request(message.request_id)
+            life = request.life = message.life
+            request.drain(keep=lambda of: of == life)  # not what an earlier life left
+            request.running = True  # from now on its engine acknowledges its chunks
+            nursery.start_soon(self._run, message.request_id, message.inputs, request)
+        elif kind is wire.Abort:
+            running = self.requests.get(message.request_id)
+            if running is not None:
+                running.scope.cancel()
+        elif kind is wire.Release:
+            self.release(message.request_id)
+        elif kind is wire.Route:
+            for link in self.outlinks:
+                if link.target == message.stage_id:
+                    link.route(message.address, message.gone)
+        elif kind is wire.Ping:
+            self.control.send_nowait(wire.encode(wire.Pong(message.seq)))
+        elif kind is wire.Shutdown:
+            return False
+        else:
+            raise wire.ProtocolError(f"unexpected {kind.__name__} after Init")
+        return True
+
+    # -- chunks from upstream workers -----------------------------------------------------
+
+    def on_link_frame(self, link: InLink, frame: Any) -> None:
+        """A frame from an upstream worker, to the request it is for."""
+        kind = type(frame)
+        if kind is wire.Chunk or kind is wire.Lost:
+            self._on_notice(link, frame)
+        elif kind is wire.Waiting:
+            link.waiting(frame.request_id)
+        elif kind is wire.Drop:
+            request = self.requests.get(frame.request_id)
+            if request is not None and not request.running and not request.finished:
+                # Never submitted here: nobody else will release what that life left.
+                request.drain(keep=lambda of: of > frame.life)
+                if not request.inbox_receive.statistics().current_buffer_used:
+                    self.release(frame.request_id, frame.life)
+        elif kind is wire.Ring:
+            try:
+                link.ring = RingReader.open(frame.name)
+            except FileNotFoundError:  # its sender died, and the ring was freed
+                link.ring_missing = f"ring {frame.name} is gone (its worker died)"
+        else:
+            raise wire.ProtocolError(f"unexpected {kind.__name__} on a chunk link")
+
+    def _on_notice(self, link: InLink, notice: wire.Chunk | wire.Lost) -> None:
+        request_id, life = notice.request_id, notice.life
+        released = self.released.get(request_id)
+        request = None
+        if released is None or life > released:  # not of a life that has ended here
+            request = self._request(request_id)
+            if request.life and life != request.life:
+                request = None  # a chunk of an earlier life of the id: never this one's
+        if isinstance(notice, wire.Lost):
+            if request is not None and not request.finished and not request.upstream_done:
+                request.inbox_send.send_nowait((notice, None))  # else: every chunk arrived
+            return
+        if notice.eos:
+            if request is not None and not request.finished:
+                request.upstream_done = True
+                request.inbox_send.send_nowait((notice, link))
+            return
+        if request is None or request.finished:  # nobody will read it
+            link.ack(request_id, notice.offset, notice.size)
+            return
+        if request.running:
+            request.inbox_send.send_nowait((notice, link))  # acknowledged once read
+            return
+        # No engine reads it yet: take it now, so its sender is not held up by a
+        # request that may never run here (a text-only request's talker).
+        taken: wire.Chunk | wire.Lost = notice
+        if notice.offset >= 0:
+            try:
+                data = link.read(notice)
+                taken = wire.Chunk(request_id, notice.seq, notice.size, data=data, life=life)
+            except (RingError, wire.ProtocolError) as exc:
+                taken = wire.Lost(request_id, f"chunk {notice.seq}: {exc}", life)
+        link.ack(request_id, notice.offset, notice.size)
+        request.inbox_send.send_nowait((taken, None))
+
+    def link_closed(self, link: InLink) -> None:
+        """An upstream worker's connection ended. Nothing is failed here: a request
+        whose chunks stopped mid-stream was running at that worker, and its stage
+        fails it -- naming the worker that died, not this stage; everything that
+        worker wrote before it went is still read."""
+        link.close()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def release(self, request_id: str, life: int = 0) -> None:
+        """The request (up to its life ``life``, or its Submit's) has ended here:
+        forget it, and drop its chunks that still come."""
+        request = self.requests.pop(request_id, None)
+        if request is not None:
+            life = max(life, request.life)
+            request.scope.cancel()
+            request.finished = True
+            request.drain()
+        self.released[request_id] = max(life, self.released.pop(request_id, 0))
+        if len(self.released) > REMEMBER_RELEASED:
+            del self.released[next(iter(self.released))]
+        for link in self.outlinks:
+            link.release(request_id)
+
+    def release_all(self) -> None:
+        for request_id in list(self.requests):
+            self.release(request_id)
+
+    async def _run(self, request_id: str, inputs: Any, request: WorkerRequest) -> None:
+        io = RequestIO(self, request_id, request)
+        control = self.control
+        try:
+            with request.scope:
+                try:
+                    stream = self.engine(EngineRequest(request_id, inputs, self.init.stage_id), io)
+                    last = None  # the data of the completion: a bare one unless marked
+                    async with aclosing(stream):  # type: ignore[type-var]
+                        while True:
+                            # The engine makes its next output once the connection
+                            # has room for it: a backlog holds engines back, not
+                            # their outputs (see _Gate).
+                            await self.gate.enter()
+                            request.inside = True
+                            try:
+                                data = await stream.__anext__()
+                            except StopAsyncIteration:
+                                break
+                            if isinstance(data, Last):
+                                last = data.data
+                                break  # the engine said so: closing it is its end
+                            frame = wire.encode(wire.Output(request_id, data, False))
+                            del data
+                            control.send_nowait(frame)
+                            if request.inside:
+                                request.inside = False
+                                self.gate.leave(len(frame))
+                            del frame
+                    await io.end()
+                    if self.init.completion_delay:  # a slow control path, for tests and demos
+                        await trio.sleep(self.init.completion_delay)
+                    control.send_nowait(wire.encode(wire.Output(request_id, last, True)))
+                except Exception as exc:
+                    control.send_nowait(wire.encode(wire.Failed(request_id, describe(exc))))
+        finally:
+            if request.inside:
+                request.inside = False
+                self.gate.leave()
+            request.running = False
+            request.finished = True
+            request.drain()
+
+
+async def serve(
+    control: trio.abc.Stream,
+    *,
+    factory: EngineFactory | None = None,
+    transport: Transport | None = None,
+) -> None:
+    """Serve the orchestrator on ``control`` until ``Shutdown`` or until it closes
+    (the caller closes ``control`` afterwards).
+
+    ``factory``, if given, is the engine factory ``Init`` names (an in-process stage
+    may be handed one without an import path); ``transport``, if given, is how chunk
+    links are opened instead of sockets on ``Init.listen_host`` (a Ray actor listens
+    on its node's address; tests run workers over memory).
+
+    Raises:
+      ProtocolError: the orchestrator sent something that is not the protocol.
+    """
+    reader = FrameReader(control, wire.DECODE_TO_WORKER)
+    writer = FrameWriter(control)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(write_until_closed, writer)
+        try:
+            init, *early = await reader.receive()
+        except _ORCHESTRATOR_GONE:
+            nursery.cancel_scope.cancel()
+            return  # the orchestrator went away before it said what to run
+        if type(init) is not wire.Init:
+            fatal = wire.Fatal(f"expected Init first, got {type(init).__name__}")
+            writer.send_nowait(wire.encode(fatal))
+            writer.close()
+            return
+        try:
+            load = import_object(init.engine) if factory is None else factory
+            engine = load(**init.engine_args)
+        except Exception as exc:
+            fatal = wire.Fatal(f"cannot load engine {init.engine!r}: {describe(exc)}")
+            writer.send_nowait(wire.encode(fatal))
+            writer.close()
+            return
+        worker = Worker(init, engine, writer, transport)
+        address = ""
+        if init.listen:
+            name = f"{init.prefix}-{init.stage_id}-{init.generation}"
+            listener, address = await worker.transport.listen(name)
+            nursery.start_soon(_accept_links, listener, worker)
+        worker.outlinks = [
+            OutLink(init, target, nursery, worker.transport) for target in init.targets
+        ]
+        writer.send_nowait(wire.encode(wire.Ready(os.getpid(), address)))
+        try:
+            messages = early  # whatever came in the same read as Init
+            while True:
+                for message in messages:
+                    if not worker.handle(message, nursery):
+                        return  # Shutdown
+                messages = await reader.receive()
+        except _ORCHESTRATOR_GONE:
+            pass  # the orchestrator went away (a close with frames unread is a reset)
+        finally:
+            worker.release_all()
+            for link in worker.outlinks:
+                link.close()
+            nursery.cancel_scope.cancel()
+
+
+async def _accept_links(listener: trio.abc.Listener[trio.abc.Stream], worker: Worker) -> None:
+    async with listener, trio.open_nursery() as nursery:
+        while True:
+            stream = await listener.accept()
+            nursery.start_soon(_read_link, stream, worker)
+
+
+async def _read_link(stream: trio.abc.Stream, worker: Worker) -> None:
+    """Serve one upstream worker's connection: its frames to the requests, our
+    acknowledgements back."""
+    link = InLink(stream, worker.init.window, worker.init.window_bytes)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(write_until_closed, link.writer)
+            await _read_link_frames(stream, link, worker)
+            nursery.cancel_scope.cancel()
+    finally:
+        worker.link_closed(link)
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
+
+
+async def _read_link_frames(stream: trio.abc.Stream, link: InLink, worker: Worker) -> None:
+    reader = FrameReader(stream, wire.DECODE_TO_READER, read_size=LINK_READ_SIZE)
+    try:
+        hello, *frames = await reader.receive()
+        if type(hello) is not wire.Hello:
+            raise wire.ProtocolError(f"expected Hello first, got {type(hello).__name__}")  # noqa: TRY301
+        while True:
+            for frame in frames:
+                worker.on_link_frame(link, frame)
+            frames = await reader.receive()
+    except wire.ProtocolError as exc:
+        print(f"omni_trio worker: a chunk link: {exc}", file=sys.stderr)
+    except _ORCHESTRATOR_GONE:
+        return  # the sender went away
