@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from omni_trio._cli import main
 from omni_trio.bench._process import QUICK_DEMO_LEVELS, SIZES
 from omni_trio.bench._process_report import MIB, goals
+from omni_trio.cli import main
 
 GOAL_KEYS = [
     "chunks.64.hop_p50",

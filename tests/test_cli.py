@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import omni_trio
-from omni_trio._cli import main
+from omni_trio.cli import main
 
 
 def test_compare_json(capsys):

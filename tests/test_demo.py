@@ -11,7 +11,7 @@ import pytest
 import trio
 from rich.console import Console
 
-from omni_trio._cli import main
+from omni_trio.cli import main
 from omni_trio.demo.engines import SAMPLE_RATE, code2wav, response_tokens
 from omni_trio.demo.runner import DemoOptions, run_demo
 from omni_trio.process import EngineRequest, Last

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from omni_trio._cli import main
+from omni_trio.cli import main
 
 if not os.environ.get("OMNI_TRIO_REQUIRE_RAY"):
     pytest.importorskip("ray")

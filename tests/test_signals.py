@@ -93,7 +93,7 @@ class Demo:
 _DEMO_IN_SEGMENTS = (
     "import sys; import omni_trio.demo.runner as r; template = r.template; "
     "r.template = lambda *a: template(*a).with_pipeline(inline_chunk_bytes=0); "
-    "from omni_trio._cli import main; sys.exit(main())"
+    "from omni_trio.cli import main; sys.exit(main())"
 )
 
 

@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from omni_trio import open_orchestrator
-from omni_trio._cli import main
+from omni_trio.cli import main
 from omni_trio.demo.runner import template
 from omni_trio.process import open_process_pipeline
 from omni_trio.speech import (
@@ -270,7 +270,7 @@ def test_without_the_extra_the_demo_says_so_in_one_line(tmp_path):
     # A fresh process in which eSpeak NG cannot be imported (nor can matplotlib).
     probe = (
         "import sys; sys.modules['espeakng_loader'] = sys.modules['matplotlib'] = None; "
-        "from omni_trio._cli import main; sys.exit(main())"
+        "from omni_trio.cli import main; sys.exit(main())"
     )
     wav_path = tmp_path / "demo.wav"
     done = subprocess.run(

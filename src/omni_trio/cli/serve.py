@@ -1,0 +1,134 @@
+"""``omni-trio serve``: an OpenAI-compatible streaming server for a pipeline (the serve
+extra)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ._common import (
+    Commands,
+    UsageError,
+    count,
+    fail,
+    import_path,
+    importable,
+    pipeline_config,
+    pipeline_options,
+    port,
+)
+
+if TYPE_CHECKING:
+    import trio
+
+    from ..config import PipelineConfig
+
+__all__ = ["add_parser"]
+
+
+def add_parser(commands: Commands) -> None:
+    serve = commands.add_parser(
+        "serve",
+        help="an OpenAI-compatible streaming server for a pipeline (the serve extra)",
+        description="Serve PIPELINE (a TOML config, or a shipped one: 'demo', the default, "
+        "or 'speech') over HTTP: "
+        "POST /v1/chat/completions (streamed or not, text and audio), GET /v1/models, "
+        "/health, /metrics. SIGTERM drains: requests in flight finish within "
+        "shutdown_grace, new ones get 503. See docs/serving.md.",
+    )
+    serve.add_argument("pipeline", metavar="PIPELINE", nargs="?")
+    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+    serve.add_argument("--port", type=port, default=8000, help="0: any free port")
+    serve.add_argument(
+        "--max-waiting",
+        type=count,
+        default=64,
+        metavar="N",
+        help="requests that may wait for a max_in_flight slot; more get 503 at once",
+    )
+    pipeline_options(serve, grace="how long a drain lets requests in flight run")
+    serve.set_defaults(run=_serve, check=_check)
+
+
+def _check(args: argparse.Namespace) -> None:
+    missing = [m for m in ("hypercorn", "starlette", "prometheus_client") if not importable(m)]
+    if missing:
+        raise UsageError(
+            f"needs the serve extra ({', '.join(missing)} missing): pip install 'omni-trio[serve]'"
+        )
+    args.config = pipeline_config(args)
+    _check_address(args.host, args.port)
+
+
+def _check_address(host: str, port: int) -> None:
+    """Bind ``host:port`` for a moment, as the server will (so a port in use is said
+    now, not after the stages started)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise UsageError(f"--host must be an address of this machine, {host!r}: {exc}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise UsageError(
+                f"--port must be free on {host}, {port} is not: {exc.strerror or exc}"
+            ) from None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from functools import partial
+
+    from .._runtime import run_under_signals
+    from ..config import ConfigError
+    from ..process import WorkerStartError
+
+    config = args.config
+    grace = config.pipeline.shutdown_grace
+    directories = (
+        [Path.cwd()] if args.pipeline is None else [Path(args.pipeline).parent, Path.cwd()]
+    )
+    with import_path(*directories):
+        try:
+            # The server drains within the grace; what runs past twice that (the
+            # orchestrator's and the workers' own bounded shutdowns) is cancelled.
+            run_under_signals(partial(_serve_main, config, args), grace=2 * grace + 5.0)
+        except (ConfigError, WorkerStartError) as exc:  # the pipeline could not start
+            return fail(f"omni-trio serve: {exc}", 2)
+    return 0
+
+
+async def _serve_main(
+    config: PipelineConfig, args: argparse.Namespace, stopping: trio.Event
+) -> None:
+    from functools import partial
+
+    import trio
+
+    from .._errors import unwrap_single_exception
+    from ..serve import app_for_config, serve
+
+    app = app_for_config(config, max_waiting=args.max_waiting)
+    names = " -> ".join(s.label for s in config.stages)
+    # The server's error as it is (a WorkerStartError: one line), not in a group.
+    with unwrap_single_exception():
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(
+                partial(
+                    serve,
+                    app,
+                    host=args.host,
+                    port=args.port,
+                    stopping=stopping,
+                    shutdown_grace=config.pipeline.shutdown_grace,
+                )
+            )
+            print(
+                f"omni-trio serve: {config.pipeline.name} ({names}, {config.mode}) on {url}",
+                flush=True,
+            )
