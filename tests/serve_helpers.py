@@ -173,6 +173,7 @@ async def running_server(
     max_in_flight: int | None = None,
     max_waiting: int = 64,
     shutdown_grace: float = 5.0,
+    on_outputs: Any = None,
 ) -> AsyncIterator[Server]:
     """Serve the scripted pipeline on a free port for the duration of the block."""
     async with trio.open_nursery() as nursery:
@@ -188,7 +189,12 @@ async def running_server(
             ) as orchestrator:
                 yield ScriptedPipeline(orchestrator, engine.stages)
 
-        app = create_app(ServedModel(MODEL, outputs), open_pipeline, max_waiting=max_waiting)
+        app = create_app(
+            ServedModel(MODEL, outputs),
+            open_pipeline,
+            max_waiting=max_waiting,
+            on_outputs=on_outputs,
+        )
         stopping, returned = trio.Event(), trio.Event()
 
         async def run(task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:

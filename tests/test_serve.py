@@ -327,6 +327,22 @@ async def test_ten_concurrent_streams_each_get_their_own_data(server):
     assert len({server.stages[0].submitted_ids()[i] for i in range(10)}) == 10
 
 
+async def test_the_outputs_hook_sees_every_output_the_response_takes():
+    """``create_app(on_outputs=...)``: each batch as the response takes it, in order,
+    before it becomes events (the serving benchmark times chunks with it)."""
+    batches = []
+    async with running_server(on_outputs=batches.append) as server:
+        async with http_client() as client:
+            response = await client.post(server.chat_url(), json=chat_body("hook", stream=True))
+        assert response.status_code == 200
+    outputs = [output for batch in batches for output in batch]
+    assert all(batch for batch in batches)
+    assert [o.data for o in outputs if o.stage_id == 0 and o.data] == text_of("hook")
+    assert [o.data for o in outputs if o.stage_id == 2 and o.data] == audio_of("hook")
+    assert outputs[-1].finished
+    assert texts(sse_events(response.content)) == text_of("hook")
+
+
 # -- 11. health and models ------------------------------------------------------------------
 
 

@@ -176,7 +176,8 @@ def bench_config(pacing: Pacing) -> Any:
 
 
 def _eventful(output: Any) -> bool:
-    """Whether the chat response turns ``output`` into an SSE chunk (as ``Answer.take``)."""
+    """Whether the chat response turns ``output`` into an SSE chunk (as its answer
+    does: data, and not an aborted or failed end)."""
     return output.data is not None and output.finish_reason in (None, "completed")
 
 
@@ -207,22 +208,18 @@ class _Trace:
         return taken
 
 
-def _install_trace(trace: _Trace) -> type:
-    """Wrap ``Answer.take`` (runs as ``receive_batch()`` returns) to note when
-    and what the response got; return an ASGI middleware that notes when the
-    ``send`` of those chunks returned, and serves ``GET /_bench/trace``."""
-    from omni_trio.serve import _answer
+def _note_outputs(batch: list[Any]) -> None:
+    """The app's ``on_outputs`` hook (runs as the response takes a batch, in its
+    task): note when, and which stamped chunks, for the middleware's ``send``."""
+    pending = _current.get(None)
+    if pending is not None:
+        pending.received = time.monotonic_ns()
+        pending.stamps = [stamp_of(o.data) for o in batch if _eventful(o)]
 
-    take = _answer.Answer.take
 
-    def traced_take(self: Any, batch: list[Any]) -> bytes:
-        pending = _current.get(None)
-        if pending is not None:
-            pending.received = time.monotonic_ns()
-            pending.stamps = [stamp_of(o.data) for o in batch if _eventful(o)]
-        return take(self, batch)
-
-    _answer.Answer.take = traced_take  # type: ignore[method-assign]
+def _trace_middleware(trace: _Trace) -> type:
+    """An ASGI middleware that notes when the ``send`` of the chunks
+    :func:`_note_outputs` saw returned, and serves ``GET /_bench/trace``."""
 
     class TraceMiddleware:
         def __init__(self, app: Any) -> None:
@@ -266,8 +263,8 @@ def _server_main(argv: list[str]) -> None:
     parser.add_argument("--profile", type=Path)
     args = parser.parse_args(argv)
     config = bench_config(_pacing(args))
-    app = app_for_config(config)
-    app.add_middleware(_install_trace(_Trace()))
+    app = app_for_config(config, on_outputs=_note_outputs)
+    app.add_middleware(_trace_middleware(_Trace()))
 
     async def main(stopping: Any) -> None:
         import trio
@@ -556,15 +553,12 @@ async def _inprocess_level(orch: Any, level: Level, pacing: Pacing) -> None:
 
 
 async def _inprocess(levels: list[int], pacing: Pacing) -> list[Level]:
-    from omni_trio import open_orchestrator
-    from omni_trio.process import open_process_pipeline
+    from omni_trio import open_pipeline
 
     results = []
     config = bench_config(pacing)
-    async with (
-        open_process_pipeline(config) as pipeline,
-        open_orchestrator(*pipeline.orchestrator_args, **pipeline.orchestrator_kwargs) as orch,
-    ):
+    async with open_pipeline(config) as pipeline:
+        orch = pipeline.orchestrator
         await _inprocess_level(orch, Level(2), pacing)  # warm up
         for streams in levels:
             level = Level(streams)

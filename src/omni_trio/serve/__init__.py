@@ -12,6 +12,8 @@ from .._util import lazy_exports
 
 if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from ._app import DEFAULT_MAX_WAITING as DEFAULT_MAX_WAITING
+    from ._app import OpenPipeline as OpenPipeline
+    from ._app import ServedPipeline as ServedPipeline
     from ._app import app_for_config as app_for_config
     from ._app import create_app as create_app
     from ._model import FinalOutput as FinalOutput
@@ -21,7 +23,13 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from ._server import serve as serve
 
 _EXPORTS = {
-    "._app": ["DEFAULT_MAX_WAITING", "app_for_config", "create_app"],
+    "._app": [
+        "DEFAULT_MAX_WAITING",
+        "OpenPipeline",
+        "ServedPipeline",
+        "app_for_config",
+        "create_app",
+    ],
     "._model": ["FinalOutput", "ServedModel"],
     "._protocol": ["OpenAIError"],
     "._server": ["DEFAULT_PORT", "serve"],

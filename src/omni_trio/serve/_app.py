@@ -17,7 +17,7 @@ from ._chat import ChatResponse
 from ._metrics import CONTENT_TYPE
 from ._model import ServedModel
 from ._protocol import Model, ModelList, OpenAIError, decode_request, encode
-from ._state import ServerState
+from ._state import OutputsHook, ServerState
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
@@ -70,6 +70,7 @@ def create_app(
     open_pipeline: OpenPipeline,
     *,
     max_waiting: int = DEFAULT_MAX_WAITING,
+    on_outputs: OutputsHook | None = None,
 ) -> Starlette:
     """An OpenAI-compatible ASGI app serving ``model``.
 
@@ -82,13 +83,18 @@ def create_app(
           entered, and it is left when the server stops.
       max_waiting: With the orchestrator's ``max_in_flight`` reached, how many more
           requests may wait for a slot; beyond that a request gets 503 at once.
+      on_outputs: Called with each batch of a request's outputs, in the response's
+          task, the moment the response takes it from the orchestrator (before it
+          becomes SSE events or part of a whole answer): a hook for timing what
+          happens after, as ``tools/bench_serve.py`` does. It must not block, and
+          what it raises fails the response.
 
     Raises:
       ValueError: ``max_waiting`` is negative.
     """
     if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
         raise ValueError(f"max_waiting must be an integer >= 0, got {max_waiting!r}")
-    state = ServerState(model, max_waiting)
+    state = ServerState(model, max_waiting, on_outputs)
     created = int(time.time())
 
     @asynccontextmanager
@@ -163,11 +169,19 @@ def server_state(app: Starlette) -> ServerState:
     return state
 
 
-def app_for_config(config: PipelineConfig, *, max_waiting: int = DEFAULT_MAX_WAITING) -> Starlette:
+def app_for_config(
+    config: PipelineConfig,
+    *,
+    max_waiting: int = DEFAULT_MAX_WAITING,
+    on_outputs: OutputsHook | None = None,
+) -> Starlette:
     """:func:`create_app` for a pipeline config: its lifespan runs the config's
     pipeline (:func:`omni_trio.open_pipeline`)."""
     from .. import open_pipeline
 
     return create_app(
-        ServedModel.from_config(config), lambda: open_pipeline(config), max_waiting=max_waiting
+        ServedModel.from_config(config),
+        lambda: open_pipeline(config),
+        max_waiting=max_waiting,
+        on_outputs=on_outputs,
     )

@@ -124,9 +124,13 @@ class ChatResponse:
                         {"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS}
                     )
                     self._started = True
+                on_outputs = self._server.on_outputs
                 while stream.terminal is None and answer.finish is None:
+                    batch = await stream.receive_batch()
+                    if on_outputs is not None:
+                        on_outputs(batch)
                     try:
-                        events = answer.take(await stream.receive_batch())
+                        events = answer.take(batch)
                     except OpenAIError:
                         self._broken = True
                         raise

@@ -5,6 +5,7 @@ Every change happens in the one Trio thread, between checkpoints, so none needs 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -21,7 +22,10 @@ if TYPE_CHECKING:
     from ._answer import Plan
     from ._model import ServedModel
 
-__all__ = ["ServerState", "Ticket"]
+__all__ = ["OutputsHook", "ServerState", "Ticket"]
+
+OutputsHook = Callable[[list["OrchOutput"]], None]
+"""``on_outputs(batch)``: a request's outputs, one batch as its response takes it."""
 
 
 @attrs.define(eq=False)
@@ -35,10 +39,13 @@ class ServerState:
       orchestrator: Set while the app's lifespan runs.
       draining: ``True`` once a graceful stop began: ``/health`` and new requests
           get 503.
+      on_outputs: :func:`create_app`'s hook, called with each batch of a request's
+          outputs as its response takes it.
     """
 
     model: ServedModel
     max_waiting: int
+    on_outputs: OutputsHook | None = None
     metrics: ServerMetrics = attrs.field(init=False)
     orchestrator: Orchestrator | None = None
     draining: bool = False
