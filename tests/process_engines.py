@@ -276,3 +276,12 @@ def echo(tokens_per_second: float = 0.0):
             yield Last(token) if index == len(words) else token
 
     return engine
+
+
+def loaded_modules():
+    """Yields the names of every module this worker process has loaded."""
+
+    async def engine(request, io):
+        yield sorted(sys.modules)
+
+    return engine

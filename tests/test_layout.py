@@ -1,51 +1,137 @@
 """The package's shape: which module may import which, what a worker process loads,
-and the conventions of its public classes. docs/architecture.md draws the same
-layers; this keeps the drawing true."""
+and the conventions of its public classes and namespaces. docs/architecture.md
+draws the same layers; this keeps the drawing true."""
 
 from __future__ import annotations
 
 import ast
+import fnmatch
+import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 
 import omni_trio
+from omni_trio import open_orchestrator
+from omni_trio.process import open_process_stage
+from processes import worker_processes
 
 PACKAGE = Path(omni_trio.__file__).parent
+TOOLS = PACKAGE.parents[1] / "tools"
 
-#: Each layer may import from the layers above it in this list, never below.
+FOUNDATIONS = {"_util", "_checks", "_errors", "_messages"}
+
+
+@attrs.frozen
+class Layer:
+    name: str
+    #: Module names (relative to omni_trio; fnmatch patterns; "" is omni_trio itself).
+    modules: frozenset[str]
+    #: The layers it may import from (always lower ones), besides its own.
+    uses: frozenset[str]
+
+
+def layer(name: str, modules: set[str], uses: set[str] = frozenset()) -> Layer:
+    return Layer(name, frozenset(modules), frozenset(uses))
+
+
+#: Every module of the package, in layers, lowest first. A module may import from its
+#: own layer and the layers its layer ``uses``, which are all lower: so no import,
+#: ``if TYPE_CHECKING:`` ones included, runs from a lower layer to a higher one. A
+#: public namespace (a package's ``__init__``, which re-exports lazily) sits in the
+#: layer of the highest module it names.
 LAYERS = [
-    ("foundations", {"_util", "_checks", "_errors", "_messages"}),
-    ("core", {"_core"}),
-    ("neutral driver", {"_sink", "_inbox", "_dispatch", "_driver", "_scripted"}),
-    (
+    layer("foundations", FOUNDATIONS),
+    # The worker side of the process boundary: what a worker process runs.
+    layer("worker", {"process.worker", "process.worker.*"}, {"foundations"}),
+    layer("core", {"_core"}, {"foundations"}),
+    layer(
+        "neutral driver",
+        {"_sink", "_inbox", "_dispatch", "_driver", "_scripted"},
+        {"foundations", "core"},
+    ),
+    layer(
         "drivers",
+        {"_outbox", "_stream", "_stage", "_orchestrator", "testing", "compare", "compare.*"},
+        {"foundations", "core", "neutral driver"},
+    ),
+    # How a worker is run: the config's [stages.runtime], below configs and the
+    # supervisor alike.
+    layer("worker options", {"process._options"}, {"foundations"}),
+    # The supervisor side of the process boundary: stages, connections, launchers.
+    layer(
+        "supervisor",
         {
-            "_outbox",
-            "_stream",
-            "_stage",
-            "_orchestrator",
-            "testing",
-            "compare.asyncio_orchestrator",
-            "compare.asyncio_testing",
-            "compare.plain_asyncio",
-            "compare.frameworks",
-            "compare.scenarios",
+            "process._launcher",
+            "process._process_launcher",
+            "process._task_launcher",
+            "process._ray_session",
+            "process._ray_launcher",
+            "process._connection",
+            "process._connector",
+            "process._stage",
+            "process.testing",
+        },
+        {"foundations", "worker", "worker options"},
+    ),
+    layer("configs", {"config"}, {"foundations", "worker options"}),
+    # A configured pipeline: its stages (process._pipeline), and the orchestrator
+    # over them (_pipeline, omni_trio.open_pipeline).
+    layer(
+        "pipelines",
+        {"process._pipeline", "_pipeline", "process", ""},
+        {
+            "foundations",
+            "worker",
+            "core",
+            "neutral driver",
+            "drivers",
+            "worker options",
+            "supervisor",
+            "configs",
+        },
+    ),
+    layer("timelines", {"timeline"}, {"foundations"}),
+    # The application: the command line, the demo, the benchmarks, the server, the
+    # speech engines. Nothing of the library uses it.
+    layer(
+        "application",
+        {
+            "cli",
+            "cli.*",
+            "__main__",
+            "_audio",
+            "_runtime",
+            "demo",
+            "demo.*",
+            "bench",
+            "bench.*",
+            "serve",
+            "serve.*",
+            "speech",
+            "speech.*",
+        },
+        {
+            "foundations",
+            "worker",
+            "core",
+            "neutral driver",
+            "drivers",
+            "worker options",
+            "supervisor",
+            "configs",
+            "pipelines",
+            "timelines",
         },
     ),
 ]
-#: The process wing stands on the foundations alone (and on itself).
-PROCESS_MAY_IMPORT = {"_util", "_checks", "_errors", "_messages"}
-#: Configs describe process pipelines: they know the options of a worker, nothing else.
-CONFIG_MAY_IMPORT = {"_util", "_checks", "process._options"}
-#: The application: the command line, the demo, the benchmarks, the server. Nothing
-#: else uses them.
-APP = ("_cli", "__main__", "_audio", "demo", "bench", "serve", "speech")
 #: What imports neither trio nor asyncio.
-NEUTRAL = LAYERS[0][1] | LAYERS[1][1] | LAYERS[2][1]
+NEUTRAL = {"foundations", "core", "neutral driver", "worker options", "configs", "timelines"}
 LOOPS = {"trio", "asyncio", "anyio", "sniffio", "trio_util"}
 
 
@@ -59,22 +145,54 @@ def modules() -> dict[str, Path]:
     return found
 
 
+ALL = modules()
+
+
+def exports_of(name: str) -> dict[str, str]:
+    """A public namespace's lazy table: each name it exports -> the module defining it
+    (``{}`` for a module that is not one)."""
+    path = ALL.get(name)
+    if path is None or path.name != "__init__.py":
+        return {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets
+        ):
+            table = ast.literal_eval(node.value)
+            base = f"omni_trio.{name}".rstrip(".")
+            return {
+                exported: importlib.util.resolve_name(module, base).removeprefix("omni_trio.")
+                for module, names in table.items()
+                for exported in names
+            }
+    return {}
+
+
+def resolve(module: str, names: list[str]) -> set[str]:
+    """What ``from omni_trio.<module> import <names>`` imports, as our modules: a
+    submodule itself, a name of a public namespace's lazy table its module, any other
+    name ``module``."""
+    found = set()
+    table = exports_of(module)
+    for name in names:
+        submodule = f"{module}.{name}".strip(".")
+        if submodule in ALL:
+            found.add(submodule)
+        elif name in table:
+            found.add(table[name])
+        else:
+            found.add(module)
+    return found
+
+
 def imports_of(name: str, path: Path) -> tuple[set[str], set[str]]:
-    """(our modules, other top-level packages) that module ``name`` imports at run time,
-    anywhere in it (``if TYPE_CHECKING:`` blocks do not count)."""
+    """(our modules, other top-level packages) that module ``name`` imports, anywhere
+    in it, ``if TYPE_CHECKING:`` blocks included."""
     tree = ast.parse(path.read_text())
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     package = [part for part in package if part]
-    typing_only = {
-        id(inner)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for inner in ast.walk(node)
-    }
     ours, theirs = set(), set()
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 top, *rest = alias.name.split(".")
@@ -85,57 +203,62 @@ def imports_of(name: str, path: Path) -> tuple[set[str], set[str]]:
         elif isinstance(node, ast.ImportFrom) and node.level:
             base = package[: len(package) - node.level + 1]
             module = ".".join([*base, *filter(None, (node.module or "").split("."))])
-            for alias in node.names:
-                submodule = f"{module}.{alias.name}".strip(".")
-                ours.add(submodule if submodule in ALL else module)
+            ours |= resolve(module, [alias.name for alias in node.names])
         elif isinstance(node, ast.ImportFrom) and node.module:
             top, *rest = node.module.split(".")
             if top == "omni_trio":
-                ours.add(".".join(rest))
-            else:
+                ours |= resolve(".".join(rest), [alias.name for alias in node.names])
+            elif top != "__future__":
                 theirs.add(top)
-    ours.discard("")
+    ours.discard(name)
     return ours, theirs
 
 
-ALL = modules()
-
-
-def layer_of(name: str) -> int | None:
-    for index, (_, members) in enumerate(LAYERS):
-        if name in members:
-            return index
+def layer_of(name: str) -> Layer | None:
+    for each in LAYERS:
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in each.modules):
+            return each
     return None
 
 
-@pytest.mark.parametrize("name", sorted(n for n in ALL if layer_of(n) is not None))
-def test_imports_go_up_the_layers(name):
+def test_every_module_is_in_one_layer():
+    for name in ALL:
+        assert layer_of(name) is not None, f"omni_trio.{name} is in no layer"
+        found = [
+            each.name
+            for each in LAYERS
+            if any(fnmatch.fnmatchcase(name, pattern) for pattern in each.modules)
+        ]
+        assert len(found) == 1, f"omni_trio.{name} is in several layers: {found}"
+
+
+def test_layers_only_use_lower_layers():
+    below: set[str] = set()
+    for each in LAYERS:
+        assert each.uses <= below, f"{each.name} uses {sorted(each.uses - below)}, not below it"
+        below.add(each.name)
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_imports_go_down_the_layers(name):
     ours, theirs = imports_of(name, ALL[name])
-    level = layer_of(name)
-    for target in ours:
-        target_level = layer_of(target)
-        assert target_level is not None, f"{name} imports {target}, outside the layers"
-        assert target_level <= level, f"{name} ({LAYERS[level][0]}) imports {target}"
-    if name in NEUTRAL:
+    own = layer_of(name)
+    assert own is not None
+    for target in sorted(ours):
+        target_layer = layer_of(target)
+        assert target_layer is not None, f"{name} imports {target}, which is no module of ours"
+        assert target_layer is own or target_layer.name in own.uses, (
+            f"{name} ({own.name}) imports {target} ({target_layer.name})"
+        )
+    if own.name in NEUTRAL:
         assert not theirs & LOOPS, f"{name} must not import an event loop"
 
 
-@pytest.mark.parametrize("name", sorted(n for n in ALL if n.startswith("process")))
-def test_the_process_wing_stands_on_the_foundations(name):
+@pytest.mark.parametrize("name", sorted(n for n in ALL if n.startswith("process.worker")))
+def test_the_worker_side_imports_only_itself_and_the_foundations(name):
     ours, _ = imports_of(name, ALL[name])
-    outside = {t for t in ours if not t.startswith("process")}
-    assert outside <= PROCESS_MAY_IMPORT, f"{name} imports {outside - PROCESS_MAY_IMPORT}"
-
-
-def test_configs_know_only_the_worker_options():
-    ours, _ = imports_of("config", ALL["config"])
-    assert ours <= CONFIG_MAY_IMPORT
-
-
-@pytest.mark.parametrize("name", sorted(n for n in ALL if not n.startswith(APP)))
-def test_the_library_never_imports_the_application(name):
-    ours, _ = imports_of(name, ALL[name])
-    assert not {t for t in ours if t.startswith(APP)}
+    outside = {t for t in ours if layer_of(t).name != "worker"}
+    assert outside <= FOUNDATIONS, f"{name} imports {sorted(outside - FOUNDATIONS)}"
 
 
 def test_the_asyncio_drivers_import_no_trio():
@@ -146,42 +269,85 @@ def test_the_asyncio_drivers_import_no_trio():
     ]:
         ours, theirs = imports_of(name, ALL[name])
         assert "trio" not in theirs
-        drivers = {t for t in ours if layer_of(t) == 3}
+        drivers = {t for t in ours if layer_of(t).name == "drivers"}
         assert drivers <= may_use, f"{name} must not lean on the Trio driver"
 
 
-def test_a_worker_process_loads_only_what_it_needs():
-    probe = (
-        "import json, sys, omni_trio.process.worker; "
-        "ours = [m for m in sys.modules if m.startswith(('omni_trio', 'trio_util'))]; "
-        "print(json.dumps(sorted(ours)))"
+def test_the_layout_check_sees_typing_only_imports(tmp_path):
+    # ``if TYPE_CHECKING:`` imports count: a config that named an orchestrator type
+    # there would be an import running back up.
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from omni_trio import Orchestrator\n"
+        "    from .process._stage import ProcessStage\n"
     )
-    loaded = json.loads(subprocess.check_output([sys.executable, "-c", probe], text=True))
-    assert loaded == [
-        "omni_trio",
-        "omni_trio._util",
-        "omni_trio.process",
-        "omni_trio.process._engine",
-        "omni_trio.process._links",
-        "omni_trio.process._ring",
-        "omni_trio.process._shm",
-        "omni_trio.process._wire",
-        "omni_trio.process.worker",
+    ours, _ = imports_of("config", probe)
+    assert ours == {"_orchestrator", "process._stage"}
+
+
+# -- what a worker process loads ----------------------------------------------------------
+
+#: Ours that a worker may load besides its own package: the foundations, and the
+#: namespaces on the way to it (which load nothing eagerly).
+WORKER_MAY_LOAD = {f"omni_trio.{m}" for m in FOUNDATIONS} | {"omni_trio", "omni_trio.process"}
+
+
+def _ours_loaded(names):
+    return sorted(m for m in names if m == "omni_trio" or m.startswith("omni_trio."))
+
+
+def test_the_worker_package_loads_only_itself_and_the_foundations():
+    probe = (
+        "import json, sys; from omni_trio.process.worker import _main; "
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    loaded = _ours_loaded(json.loads(subprocess.check_output([sys.executable, "-c", probe])))
+    outside = [
+        m
+        for m in loaded
+        if m not in WORKER_MAY_LOAD and not m.startswith("omni_trio.process.worker")
     ]
+    assert "omni_trio.process.worker._worker" in loaded
+    assert outside == []
 
 
-@pytest.mark.parametrize(
-    "namespace",
-    [
-        "omni_trio",
-        "omni_trio.process",
-        "omni_trio.testing",
-        "omni_trio.compare",
-        "omni_trio.serve",
-        "omni_trio.speech",
-        "omni_trio.timeline",
-    ],
-)
+async def test_a_serving_worker_process_has_loaded_only_the_worker_side():
+    """The real thing: a worker process that loaded its engine, served requests and
+    streamed, asked what of ours it has loaded."""
+    async with (
+        open_process_stage("process_engines:loaded_modules") as stage,
+        open_orchestrator([stage], {0}, forward_fn=lambda sid, outputs: outputs) as orch,
+        orch.open_request(None) as stream,
+    ):
+        assert stage.pid in worker_processes()
+        outputs = [out async for out in stream]
+    loaded = _ours_loaded(outputs[0].data)
+    assert "omni_trio.process.worker._worker" in loaded  # it looked where the code is
+    outside = [
+        m
+        for m in loaded
+        if m not in WORKER_MAY_LOAD and not m.startswith("omni_trio.process.worker")
+    ]
+    assert outside == [], f"a worker process loaded {outside}"
+
+
+# -- conventions ----------------------------------------------------------------------------
+
+NAMESPACES = [
+    "omni_trio",
+    "omni_trio.process",
+    "omni_trio.process.worker",
+    "omni_trio.testing",
+    "omni_trio.compare",
+    "omni_trio.serve",
+    "omni_trio.speech",
+    "omni_trio.timeline",
+]
+
+
+@pytest.mark.parametrize("namespace", NAMESPACES)
 def test_public_names_report_their_public_namespace(namespace):
     module = __import__(namespace, fromlist=["*"])
     for name in module.__all__:
@@ -193,9 +359,83 @@ def test_public_names_report_their_public_namespace(namespace):
     assert set(module.__all__) <= set(dir(module))
 
 
+@pytest.mark.parametrize("name", sorted(n for n in ALL if exports_of(n)))
+def test_a_namespace_spells_out_what_its_lazy_table_exports(name):
+    """Each public name is written twice, for type checkers (``if TYPE_CHECKING:``,
+    ``from .m import X as X``) and in ``_EXPORTS``: both name the same objects."""
+    tree = ast.parse(ALL[name].read_text())
+    spelled = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.ImportFrom):
+                    for alias in inner.names:
+                        assert alias.asname == alias.name, f"{name}: import {alias.name} as itself"
+                        base = f"omni_trio.{name}".rstrip(".")
+                        module = importlib.util.resolve_name(
+                            "." * inner.level + (inner.module or ""), base
+                        )
+                        spelled.add((alias.name, module.removeprefix("omni_trio.")))
+    assert spelled == set(exports_of(name).items())
+
+
+def _sources():
+    yield from ((f"omni_trio.{name}".rstrip("."), path) for name, path in ALL.items())
+    yield from ((f"tools.{path.stem}", path) for path in sorted(TOOLS.glob("*.py")))
+
+
+def _is_module(module: str, name: str) -> bool:
+    full = f"{module}.{name}"
+    if full.startswith("omni_trio."):
+        return full.removeprefix("omni_trio.") in ALL
+    try:
+        return importlib.util.find_spec(full) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def test_no_private_name_is_imported_across_modules():
+    """ruff's SLF001 sees ``obj._private``; this sees ``from module import _private``
+    (a module of ours, ``from . import _wire``, is a module and not a name)."""
+    found = []
+    for importer, path in _sources():
+        is_package = path.name == "__init__.py"
+        package = importer if is_package else importer.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or node.module == "__future__":
+                continue
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, *filter(None, (node.module or "").split("."))])
+            else:
+                module = node.module or ""
+            for alias in node.names:
+                name = alias.name
+                private = name.startswith("_") and not name.startswith("__")
+                if private and not _is_module(module, name):
+                    found.append(f"{path.relative_to(PACKAGE.parents[1])}: {module}.{name}")
+    assert found == []
+
+
 def test_users_get_an_orchestrator_from_its_factory():
     with pytest.raises(TypeError, match=r"omni_trio\.Orchestrator has no public constructor"):
         omni_trio.Orchestrator(None, [], max_in_flight=None, shutdown_grace=1.0)
+
+
+@pytest.mark.parametrize(
+    ("cls", "path"),
+    [
+        (omni_trio.RequestStream, "omni_trio.RequestStream"),
+        (omni_trio.Pipeline, "omni_trio.Pipeline"),
+        (
+            __import__("omni_trio.compare", fromlist=["x"]).AsyncioRequestStream,
+            "omni_trio.compare.AsyncioRequestStream",
+        ),
+    ],
+)
+def test_users_get_streams_and_pipelines_from_their_factories(cls, path):
+    with pytest.raises(TypeError, match=re.escape(f"{path} has no public constructor")):
+        cls("r")
 
 
 @pytest.mark.parametrize(
@@ -203,6 +443,8 @@ def test_users_get_an_orchestrator_from_its_factory():
     [
         omni_trio.Orchestrator,
         omni_trio.RequestStream,
+        omni_trio.Pipeline,
+        omni_trio.PipelineStatistics,
         __import__("omni_trio.process", fromlist=["x"]).ProcessStage,
         __import__("omni_trio.process", fromlist=["x"]).WorkerOptions,
     ],
@@ -218,12 +460,15 @@ def test_the_documented_import_paths_stay():
         Orchestrator,
         OrchestratorStatistics,
         OrchOutput,
+        Pipeline,
+        PipelineStatistics,
         RequestMetrics,
         RequestStream,
         Stage,
         StageItem,
         StageOutput,
         open_orchestrator,
+        open_pipeline,
     )
     from omni_trio.compare import AsyncioOrchestrator, open_asyncio_orchestrator  # noqa: F401
     from omni_trio.config import (  # noqa: F401
@@ -231,16 +476,29 @@ def test_the_documented_import_paths_stay():
         PipelineConfig,
         load_pipeline,
         parse_pipeline,
+        resolve_pipeline,
+        shipped_pipeline,
     )
     from omni_trio.demo.runner import DemoOptions, run_demo  # noqa: F401
     from omni_trio.process import (  # noqa: F401
         ChunkIO,
         Engine,
         EngineRequest,
+        Last,
+        LocalRayCluster,
         ProcessStage,
         WorkerStartError,
+        local_ray_cluster,
         open_inprocess_stage,
         open_process_pipeline,
         open_process_stage,
+        open_ray_stage,
+        open_shm_connector,
+        testing,
     )
+
+    assert testing.local_ray_cluster is local_ray_cluster
+    assert testing.LocalRayCluster is LocalRayCluster
+    assert testing.MemoryNetwork
+    from omni_trio.process.worker import main  # noqa: F401
     from omni_trio.testing import ScriptedStage, collect_outputs  # noqa: F401

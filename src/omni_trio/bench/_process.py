@@ -163,7 +163,7 @@ async def _complete(orch: Any, prompt: Any) -> tuple[Any, int]:
 # -- (a) chunks between two process stages ---------------------------------------------------
 
 
-async def _omni_chunks(orch: Any, size: int, phases: list[Phase]) -> list[dict[str, Any]]:
+async def omni_chunks(orch: Any, size: int, phases: list[Phase]) -> list[dict[str, Any]]:
     results = []
     for name, count, interval in phases:
         task = {"size": size, "count": count, "interval": interval, "hops": name == "paced"}
@@ -189,7 +189,7 @@ async def chunks(counts: Counts) -> dict[str, Any]:
                     found = await floor_chunks(size, phases, window=SHM_WINDOW)
                     sides.setdefault("shm", []).append(summarize(found))
                 sides.setdefault("omni", []).append(
-                    summarize(await _omni_chunks(orch, size, phases))
+                    summarize(await omni_chunks(orch, size, phases))
                 )
     return {
         "counts": {"paced": counts.paced, "flood": counts.flood, "rounds": counts.rounds},

@@ -35,7 +35,7 @@ import trio
 from .. import open_pipeline
 from ..config import PipelineConfig, parse_pipeline
 from ..process.testing import LocalRayCluster, local_ray_cluster
-from ._process import CHUNKS_TOML, Counts, _omni_chunks, best, summarize
+from ._process import CHUNKS_TOML, Counts, best, omni_chunks, summarize
 
 __all__ = ["RAY_SIZES", "main", "on_nodes", "run"]
 
@@ -91,7 +91,7 @@ async def chunks(counts: Counts) -> dict[str, Any]:
                 for size in RAY_SIZES:
                     phases = counts.phases(counts.flood[size])
                     for side, orch in orchs.items():
-                        found = summarize(await _omni_chunks(orch, size, phases))
+                        found = summarize(await omni_chunks(orch, size, phases))
                         runs[size].setdefault(side, []).append(found)
     return {
         "counts": {"paced": counts.paced, "flood": counts.flood, "rounds": counts.rounds},

@@ -195,7 +195,7 @@ class RayLauncher:
 
     async def _accept(
         self, listener: trio.socket.SocketType, token: str, handle: _ActorHandle
-    ) -> socket.socket:
+    ) -> trio.SocketStream:
         """The actor's connection back, once it said who it is."""
         timeout = self._options.startup_timeout
         accepted = None
@@ -213,7 +213,7 @@ class RayLauncher:
             sock, hello = accepted
             handle.pid = hello.pid
             handle.place = WorkerPlace(hello.node_id, hello.node_ip, hello.actor_id)
-            return socket.socket(fileno=sock.detach())
+            return trio.SocketStream(sock)
         if waited.cancelled_caught:
             raise WorkerStartError(
                 f"{self._label}: no Ray node took its actor within {timeout:g} s "
