@@ -26,7 +26,7 @@ import trio
 from omni_trio.process import open_process_stage
 
 ENGINE = "omni_trio.demo.engines:thinker"
-IMPORTS = "import omni_trio.process.worker, omni_trio.demo.engines"
+IMPORTS = "import omni_trio.process.worker._main, omni_trio.demo.engines"
 
 
 def modules() -> tuple[int, list[str]]:

@@ -4,8 +4,9 @@ code2wav.
 The talker turns the thinker's streamed text into eSpeak NG phoneme codes phrase by
 phrase; code2wav speaks each phrase's codes as soon as it has them (16-bit mono PCM
 at :data:`SAMPLE_RATE` Hz). Both work in async_chunk and forward mode, on any stage
-backend. ``pipeline.toml`` beside this module is the pipeline they make with the
-demo's thinker: ``omni-trio run speech`` and ``omni-trio demo`` use it.
+backend. The shipped ``speech`` pipeline (``omni_trio/pipelines/speech.toml``) is the
+one they make with the demo's thinker: ``omni-trio run speech``, ``omni-trio demo``
+and ``omni_trio.open_pipeline("speech")`` use it.
 
 eSpeak NG is not thread-safe: a process speaks one phrase at a time
 (:class:`ESpeak`).
