@@ -18,10 +18,9 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from omni_trio import open_orchestrator
+from omni_trio import open_pipeline
 from omni_trio.cli import main
 from omni_trio.demo.runner import template
-from omni_trio.process import open_process_pipeline
 from omni_trio.speech import (
     SAMPLE_RATE,
     ESpeak,
@@ -192,10 +191,8 @@ def speech_config(async_chunk: bool, backend: str):
 async def speak(config, *prompts):
     """Each prompt's (text, pcm), the requests all in flight at once."""
     results = {}
-    async with (
-        open_process_pipeline(config) as pipeline,
-        open_orchestrator(*pipeline.orchestrator_args, **pipeline.orchestrator_kwargs) as orch,
-    ):
+    async with open_pipeline(config) as pipeline:
+        orch = pipeline.orchestrator
 
         async def one(prompt):
             text, pcm = [], bytearray()
