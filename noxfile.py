@@ -13,6 +13,13 @@ import subprocess
 import nox
 
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+#: The Python that runs the soak, the stress tests and the property tests at full
+#: size; the others run them smaller (``OMNI_TRIO_TEST_SIZE=small``, see
+#: tests/helpers.py): every property is checked on every Python, at full size once.
+FULL_SIZE_PYTHON = "3.11"
+#: pytest-xdist: the suite's tests in parallel, one worker per core (at most four:
+#: the tests start worker processes of their own, and some of them watch time).
+PARALLEL = ["-n", "auto", "--maxprocesses=4"]
 LINTED = ["src", "tests", "examples", "tools", "docs/conf.py", "noxfile.py"]
 
 nox.options.default_venv_backend = "uv|virtualenv"
@@ -51,7 +58,8 @@ def tests(session: nox.Session) -> None:
     """The whole test suite: the server's (the serve extra), the speech engines' (the
     speech extra: eSpeak NG) and the timeline picture's (the plot extra) included."""
     session.install("-e", ".[test,serve,speech,plot]")
-    session.run("pytest", *session.posargs)
+    env = {} if session.python == FULL_SIZE_PYTHON else {"OMNI_TRIO_TEST_SIZE": "small"}
+    session.run("pytest", *PARALLEL, *session.posargs, env=env)
 
 
 @nox.session(python="3.11")
@@ -64,10 +72,12 @@ def ray(session: nox.Session) -> None:
     env = {"OMNI_TRIO_REQUIRE_RAY": "1"}
     session.run("pytest", "tests/test_ray.py", "tests/test_ray_bench.py", *session.posargs, env=env)
     # The process stages' tests again, every stage a Ray actor: the same semantics
-    # (what only worker processes do -- exit statuses, rings -- is skipped).
+    # (what only worker processes do -- exit statuses, rings -- is skipped), the
+    # stress test at the small size (at full size it runs on worker processes).
     stages = ["tests/test_process.py", "tests/test_restarts.py", "tests/test_inprocess.py"]
     stages += ["tests/test_connector.py", "tests/test_dataplane.py", "tests/test_speech.py"]
-    session.run("pytest", *stages, *session.posargs, env={**env, "OMNI_TRIO_STAGE_BACKEND": "ray"})
+    env |= {"OMNI_TRIO_STAGE_BACKEND": "ray", "OMNI_TRIO_TEST_SIZE": "small"}
+    session.run("pytest", *stages, *session.posargs, env=env)
 
 
 @nox.session(python=PYTHONS)

@@ -7,16 +7,19 @@ from multiprocessing import resource_tracker
 import pytest
 from hypothesis import HealthCheck, settings
 
+from helpers import FULL_SIZE
 from omni_trio.process.worker import _shm
 
-# "ci" runs more examples; "dev" (the default) keeps the suite quick on a laptop.
+# "ci" runs more examples; "dev" (the default) keeps the suite quick on a laptop, and
+# is what CI runs on the Pythons that run the suite at the small size (helpers.FULL_SIZE).
 settings.register_profile(
     "dev", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.register_profile(
     "ci", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+_CI_PROFILE = "ci" if os.environ.get("CI") and FULL_SIZE else "dev"
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", _CI_PROFILE))
 
 #: The shared-memory names this test process's pipelines make (``_shm.new_prefix``:
 #: ``ot<our pid in hex><6 hex digits>``, then ``-...``); other processes' runs, on a

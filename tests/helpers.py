@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from typing import Any
 
 from omni_trio import OrchOutput
+
+#: ``OMNI_TRIO_TEST_SIZE=small``: the soak, the stress tests and the property tests
+#: run smaller (nox runs them at full size on one Python, smaller on the others:
+#: each property is still checked on every Python, and at full size once).
+FULL_SIZE = os.environ.get("OMNI_TRIO_TEST_SIZE", "full") != "small"
 
 
 def view(outputs: Iterable[OrchOutput]) -> list[tuple[int, Any, bool]]:

@@ -46,10 +46,22 @@ def test_a_command_is_required(capsys):
     assert capsys.readouterr().err == "omni-trio: the following arguments are required: COMMAND\n"
 
 
-def test_bench_quick_smoke(capsys):
-    """Keeps the benchmark code from rotting; its numbers mean nothing at this size."""
+def test_bench_quick_smoke(capsys, monkeypatch):
+    """Keeps the benchmark code from rotting; its numbers mean nothing at this size.
+
+    The in-process scenarios run for real; the process scenarios' own run is
+    tests/test_bench_process.py's (here they are a stand-in, so that the two do not
+    run twice, nor at once under xdist, whose shm floors the other test counts): this
+    checks that a whole run reports both."""
+    import omni_trio.bench._report as bench_report
+
+    stand_in = {"results": "the process scenarios"}
+    monkeypatch.setattr(bench_report, "run_process_bench", lambda **_: stand_in)
+    monkeypatch.setattr(bench_report, "ray_installed", lambda: False)
     assert main(["bench", "--quick", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
+    assert report["process"] == stand_in
+    assert report["ray_skipped"].startswith("Ray is not installed")
     assert report["quick"] is True
     assert report["machine"]["cpus"] >= 1
     for impl in ("trio", "asyncio"):

@@ -24,6 +24,7 @@ import trio
 from omni_trio.bench._ray import on_nodes
 from omni_trio.config import load_pipeline
 from omni_trio.process import WorkerStartError, local_ray_cluster, open_ray_stage
+from omni_trio.process.worker._ray_actor import StageActor
 from processes import eventually, pipeline_config, pipeline_text, running
 from test_dataplane import SIZES, assert_whole, run_requests
 from test_dataplane import config as dataplane_config
@@ -34,7 +35,7 @@ else:
     ray = pytest.importorskip("ray")
 
 #: The name of the actor class that hosts a stage's worker.
-ACTOR_CLASS = "_StageActor"
+ACTOR_CLASS = StageActor.__name__
 
 
 NODES = ("node_a", "node_b")

@@ -7,7 +7,8 @@ once the chaos stops, a new request completes (under a loaded machine the chaos 
 may let none through);
 no request ever sees data of another; a completed request has all of its data;
 leaving returns within ``shutdown_grace`` plus 2 s; no worker and no segment is left.
-``SOAK_ROUNDS=40 pytest tests/test_soak.py`` runs more rounds than the suite's four.
+``SOAK_ROUNDS=40 pytest tests/test_soak.py`` runs more rounds than the suite's four
+(two at the small size, ``helpers.FULL_SIZE``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import signal
 import pytest
 import trio
 
+from helpers import FULL_SIZE
 from processes import pipeline_config, running
 
 COUNT = 6
@@ -80,7 +82,7 @@ def check(prompt, outs):
             assert data == [f"{expected}:0:{i}" for i in range(COUNT)] + [None], prompt
 
 
-@pytest.mark.parametrize("seed", range(int(os.environ.get("SOAK_ROUNDS", "4"))))
+@pytest.mark.parametrize("seed", range(int(os.environ.get("SOAK_ROUNDS", 4 if FULL_SIZE else 2))))
 async def test_restarts_under_fire(seed):
     rng = random.Random(seed)
     config = pipeline_config(
