@@ -36,8 +36,12 @@ class Layer:
     uses: frozenset[str]
 
 
-def layer(name: str, modules: set[str], uses: set[str] = frozenset()) -> Layer:
-    return Layer(name, frozenset(modules), frozenset(uses))
+#: A layer's ``uses`` that names every layer below it.
+BELOW = "every layer below"
+
+
+def layer(name: str, modules: set[str], uses: set[str] | str = frozenset()) -> Layer:
+    return Layer(name, frozenset(modules), frozenset({uses} if isinstance(uses, str) else uses))
 
 
 #: Every module of the package, in layers, lowest first. A module may import from its
@@ -82,20 +86,7 @@ LAYERS = [
     layer("configs", {"config"}, {"foundations", "worker options"}),
     # A configured pipeline: its stages (process._pipeline), and the orchestrator
     # over them (_pipeline, omni_trio.open_pipeline).
-    layer(
-        "pipelines",
-        {"process._pipeline", "_pipeline", "process", ""},
-        {
-            "foundations",
-            "worker",
-            "core",
-            "neutral driver",
-            "drivers",
-            "worker options",
-            "supervisor",
-            "configs",
-        },
-    ),
+    layer("pipelines", {"process._pipeline", "_pipeline", "process", ""}, BELOW),
     layer("timelines", {"timeline"}, {"foundations"}),
     # The application: the command line, the demo, the benchmarks, the server, the
     # speech engines. Nothing of the library uses it.
@@ -116,19 +107,14 @@ LAYERS = [
             "speech",
             "speech.*",
         },
-        {
-            "foundations",
-            "worker",
-            "core",
-            "neutral driver",
-            "drivers",
-            "worker options",
-            "supervisor",
-            "configs",
-            "pipelines",
-            "timelines",
-        },
+        BELOW,
     ),
+]
+LAYERS = [
+    attrs.evolve(each, uses=frozenset(lower.name for lower in LAYERS[:index]))
+    if BELOW in each.uses
+    else each
+    for index, each in enumerate(LAYERS)
 ]
 #: What imports neither trio nor asyncio.
 NEUTRAL = {"foundations", "core", "neutral driver", "worker options", "configs", "timelines"}

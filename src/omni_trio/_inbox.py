@@ -5,7 +5,7 @@ tasks the submits that failed. The handler (the only task that touches the core)
 applies them in arrival order (:meth:`omni_trio._dispatch.Dispatcher.apply`). These
 are a driver's internal vocabulary: the core's commands to the stages are
 :mod:`omni_trio._core`'s ``Stage*`` classes, and what crosses a process boundary is
-:mod:`omni_trio.process._wire`'s frames.
+the worker package's wire frames (``omni_trio.process.worker._wire``).
 """
 
 from __future__ import annotations

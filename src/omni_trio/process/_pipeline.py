@@ -22,7 +22,9 @@ __all__ = ["ProcessPipeline", "open_process_pipeline"]
 @final
 @attrs.frozen
 class ProcessPipeline:
-    """Running stages, ready for :func:`omni_trio.open_orchestrator`::
+    """Running stages, ready for :func:`omni_trio.open_orchestrator` (which is what
+    :func:`omni_trio.open_pipeline` does with them; this is the step below it, for an
+    orchestrator of your own)::
 
         async with open_process_pipeline(config) as pipeline:
             async with open_orchestrator(

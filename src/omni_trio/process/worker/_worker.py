@@ -202,7 +202,7 @@ class Worker:
                         while True:
                             # The engine makes its next output once the connection
                             # has room for it: a backlog holds engines back, not
-                            # their outputs (see _Gate).
+                            # their outputs (see _requests.Gate).
                             await self.gate.enter()
                             request.inside = True
                             try:
