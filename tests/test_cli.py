@@ -216,6 +216,7 @@ BAD_ARGUMENTS = [
     ("run {demo} --prompt hi --max-in-flight 0", "--max-in-flight must be a positive integer"),
     ("run {demo} --prompt hi --shutdown-grace -1", "--shutdown-grace must be a number of seconds"),
     ("run missing.toml --prompt hi", "omni-trio run: missing.toml: cannot read it"),
+    ("run dmeo --prompt hi", "dmeo: cannot read it: No such file or directory (and no pipeline"),
     ("run bad.toml --prompt hi", "bad.toml: stages[0]: Object missing required field `engine`"),
     ("compare -k nothing", "omni-trio compare: -k must match a scenario key, 'nothing' matches"),
     ("bench --from nope.json", "omni-trio bench: --from must name a readable file, 'nope.json'"),

@@ -12,6 +12,7 @@ from omni_trio.process.worker._framing import FrameReader, FrameWriter
 from omni_trio.process.worker._wire import (
     DECODE_FROM_WORKER,
     DECODE_TO_WORKER,
+    FrameBuffer,
     Output,
     Pong,
     ProtocolError,
@@ -141,3 +142,25 @@ async def test_nobody_waits_on_a_writer_whose_connection_is_gone():
     with trio.fail_after(1):
         await writer.send(encode(Pong(2)))  # over the mark, and no wait
         await writer.flushed()
+
+
+def test_the_frame_buffer_gives_whole_frames_only_without_io():
+    """The sans-IO half: bytes in, whole frames out, a cut-off frame kept until the
+    rest of it comes (the reader above is this buffer fed by a stream)."""
+    frames = encode(Output("r", b"pcm", False)) + encode(Pong(3))
+    buffer = FrameBuffer(DECODE_FROM_WORKER)
+    taken = []
+    for i in range(len(frames)):
+        buffer.feed(frames[i : i + 1])
+        taken += buffer.frames()
+        if i < len(frames) - 1:
+            assert len(taken) < 2
+    assert taken == [Output("r", b"pcm", False), Pong(3)]
+    assert len(buffer) == 0
+    buffer.feed(encode(Pong(4))[:-1])
+    assert buffer.frames() == []
+    assert len(buffer) == len(encode(Pong(4))) - 1
+    small = FrameBuffer(DECODE_FROM_WORKER, max_frame=4)
+    small.feed(encode(Output("r", b"x" * 10, False)))
+    with pytest.raises(ProtocolError, match="over the 4-byte limit"):
+        small.frames()

@@ -191,9 +191,9 @@ class OrchestratorBase:
         request_id: str,
         prompt: Any,
         final_stage_ids: Iterable[int] | None,
-        stream: OutboxBase | None,
+        outbox: OutboxBase | None,
     ) -> None:
-        """Admit a request whose outputs go to ``stream`` (a stream's outbox), or to
+        """Admit a request whose outputs go to ``outbox`` (its stream's), or to
         ``next_output()``'s (``None``)."""
         if self._closed:
             raise self._closed_error()
@@ -201,7 +201,7 @@ class OrchestratorBase:
             request_id,
             prompt,
             final_stage_ids,
-            stream,
+            outbox,
             wait_for_drains=self._wait_for_drains,
             send=self._send_admission,
         )

@@ -329,21 +329,22 @@ def resolve_pipeline(source: PipelineConfig | str | os.PathLike[str]) -> Pipelin
     """
     if isinstance(source, PipelineConfig):
         return source
-    if isinstance(source, str) and not Path(source).is_file():
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(
+            f"a pipeline is a PipelineConfig, a path or a shipped pipeline's name, got {source!r}"
+        )
+    path = Path(source)
+    if isinstance(source, str) and not path.is_file():
         if source in SHIPPED_PIPELINES:
             return shipped_pipeline(source)
-        if not Path(source).exists() and Path(source).name == source and "." not in source:
+        if not path.exists() and path.name == source and "." not in source:
             # a bare word: a shipped pipeline's name, misspelt, more likely than a file
             choices = ", ".join(repr(n) for n in SHIPPED_PIPELINES)
             raise ConfigError(
                 f"{source}: cannot read it: No such file or directory (and no pipeline "
                 f"of that name ships with omni_trio: {choices})"
             )
-    if isinstance(source, (str, os.PathLike)):
-        return load_pipeline(source)
-    raise TypeError(
-        f"a pipeline is a PipelineConfig, a path or a shipped pipeline's name, got {source!r}"
-    )
+    return load_pipeline(path)
 
 
 def _check(config: PipelineConfig, source: str | None) -> None:

@@ -175,16 +175,15 @@ def pipeline_config(args: argparse.Namespace) -> PipelineConfig:
     it names one, see :data:`~omni_trio.config.SHIPPED_PIPELINES`, and no file of that
     name is in the current directory), with the ``[pipeline]`` options the command
     line overrides."""
-    from ..config import SHIPPED_PIPELINES, ConfigError, load_pipeline, shipped_pipeline
+    from ..config import ConfigError, resolve_pipeline, shipped_pipeline
 
     try:
-        name = args.pipeline or "demo"
-        if name in SHIPPED_PIPELINES and (args.pipeline is None or not Path(name).is_file()):
-            if name == "speech":
-                need_speech("the speech pipeline")
-            config = shipped_pipeline(name)
+        if args.pipeline is None:
+            config = shipped_pipeline("demo")
         else:
-            config = load_pipeline(args.pipeline)
+            if args.pipeline == "speech" and not Path(args.pipeline).is_file():
+                need_speech("the speech pipeline")
+            config = resolve_pipeline(args.pipeline)  # a path, or a shipped one's name
         overrides = {
             key: getattr(args, key)
             for key in ("stage_idle_timeout", "max_in_flight", "shutdown_grace")

@@ -324,7 +324,8 @@ class ProcessStage(metaclass=NoPublicConstructor):
             if connector is not None:
                 connector.detach(self.stage_id)
             await worker.aclose()  # shielded, and bounded by shutdown_grace
-            swept = _shm.sweep(f"{self.segment_prefix}{worker.generation}-")
+            name = _shm.worker_name(self._prefix, self.stage_id, worker.generation)
+            swept = _shm.sweep(f"{name}-")
             if swept:
                 logger.info(
                     "%s: swept %d segments of worker #%d", self.label, swept, worker.generation

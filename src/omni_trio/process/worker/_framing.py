@@ -63,7 +63,7 @@ class FrameReader:
     ) -> None:
         self._stream = stream
         self._read_size = read_size
-        self._frames = wire.FrameBuffer(decoder, max_frame=max_frame)
+        self._buffer = wire.FrameBuffer(decoder, max_frame=max_frame)
 
     async def receive(self) -> list[Any]:
         """Wait for at least one frame; return every complete frame received.
@@ -72,20 +72,20 @@ class FrameReader:
           EOFError: the peer closed the connection between frames.
           ProtocolError: malformed, oversized, or cut off mid-frame.
         """
-        frames = self._frames
+        buffer = self._buffer
         while True:
-            ready = frames.frames()
-            if ready:
-                return ready
+            frames = buffer.frames()
+            if frames:
+                return frames
             data = await self._stream.receive_some(self._read_size)
             if not data:
-                if len(frames):
+                if len(buffer):
                     raise wire.ProtocolError(
                         f"the connection closed in the middle of a frame "
-                        f"({len(frames)} bytes of it received)"
+                        f"({len(buffer)} bytes of it received)"
                     )
                 raise EOFError("the peer closed the connection")
-            frames.feed(data)
+            buffer.feed(data)
 
 
 class FrameWriter:

@@ -45,6 +45,7 @@ import trio
 from . import _wire as wire
 from ._framing import CONNECTION_OVER, FrameReader, FrameWriter, write_until_closed
 from ._ring import RingError, RingReader, RingWriter
+from ._shm import worker_name
 from ._transport import SocketTransport, Transport
 
 __all__ = ["InLink", "OutLink", "ring_tag"]
@@ -112,7 +113,8 @@ class OutLink:
         self.chunks = self.inline = self.bytes = self.waits = 0
         self._init = init
         self._hello = wire.encode(wire.Hello(init.stage_id, init.generation))
-        self._ring_prefix = f"{init.prefix}-{init.stage_id}-{init.generation}-ring{target}-"
+        worker = worker_name(init.prefix, init.stage_id, init.generation)
+        self._ring_prefix = f"{worker}-ring{target}-"
         self._rings = 0
         self._nursery = nursery
         self._transport = transport

@@ -14,7 +14,7 @@ import os
 import secrets
 from collections.abc import Iterable
 
-__all__ = ["SHM_DIR", "listing", "new_prefix", "sweep", "unlink"]
+__all__ = ["SHM_DIR", "listing", "new_prefix", "sweep", "unlink", "worker_name"]
 
 SHM_DIR = "/dev/shm"
 
@@ -22,6 +22,13 @@ SHM_DIR = "/dev/shm"
 def new_prefix() -> str:
     """A name prefix unique to one pipeline: ``ot<pid hex><random hex>``."""
     return f"ot{os.getpid():x}{secrets.token_hex(3)}"
+
+
+def worker_name(prefix: str, stage_id: int, generation: int) -> str:
+    """``{prefix}-{stage}-{generation}``: one worker's name, unique to it (a restarted
+    worker never gets its predecessor's). Its segments' names, and the address it
+    listens on, start with it."""
+    return f"{prefix}-{stage_id}-{generation}"
 
 
 def unlink(name: str) -> bool:

@@ -24,6 +24,7 @@ from typing import Protocol
 import trio
 
 from ..._util import final
+from ._shm import worker_name
 
 __all__ = ["LINK_SEND_BUFFER", "SocketTransport", "Transport", "listen_address", "tcp_address"]
 
@@ -56,7 +57,11 @@ def listen_address(prefix: str, stage_id: int, generation: int) -> str:
     own host: a Linux abstract socket name (no file to clean up), unique to the worker.
     (A worker that may be read from another host listens on TCP instead; its address
     is ``tcp_address(host, port)``.)"""
-    return f"\0{prefix}-{stage_id}-{generation}"
+    return _unix_address(worker_name(prefix, stage_id, generation))
+
+
+def _unix_address(name: str) -> str:
+    return f"\0{name}"
 
 
 def tcp_address(host: str, port: int) -> str:
@@ -82,7 +87,7 @@ class SocketTransport:
             await sock.bind((self.host, 0))
             address = tcp_address(self.host, sock.getsockname()[1])
         else:
-            address = f"\0{name}"
+            address = _unix_address(name)
             sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             await sock.bind(address)
         sock.listen(_BACKLOG)

@@ -30,6 +30,7 @@ from ._framing import PEER_GONE, FrameReader, FrameWriter, write_until_closed
 from ._links import InLink, OutLink
 from ._requests import Gate, RequestIO, WorkerRequest
 from ._ring import RingError, RingReader
+from ._shm import worker_name
 from ._transport import SocketTransport, Transport
 
 __all__ = ["REMEMBER_RELEASED", "Worker", "serve"]
@@ -276,7 +277,7 @@ async def serve(
         worker = Worker(init, engine, writer, transport)
         address = ""
         if init.listen:
-            name = f"{init.prefix}-{init.stage_id}-{init.generation}"
+            name = worker_name(init.prefix, init.stage_id, init.generation)
             listener, address = await worker.transport.listen(name)
             nursery.start_soon(_accept_links, listener, worker)
         worker.outlinks = [
