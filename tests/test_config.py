@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
+from omni_trio import open_orchestrator
 from omni_trio.config import ConfigError, load_pipeline, parse_pipeline
 from omni_trio.demo.runner import template
 
@@ -163,16 +166,36 @@ def test_errors_name_the_key(change, message):
 
 
 def test_orchestrator_options_in_the_pipeline_table():
-    """[pipeline] stage_idle_timeout, max_in_flight, shutdown_grace reach
-    open_orchestrator's arguments; absent, they are its defaults."""
+    """[pipeline] stage_idle_timeout, max_in_flight, shutdown_grace and the flow
+    bounds reach open_orchestrator's arguments; absent, they are its defaults."""
     defaults = parse_pipeline(GOOD).orchestrator_options
-    assert defaults == {"stage_idle_timeout": None, "max_in_flight": None, "shutdown_grace": 5.0}
+    assert defaults == {
+        "stage_idle_timeout": None,
+        "max_in_flight": None,
+        "shutdown_grace": 5.0,
+        "max_unread_bytes": 4 * 1024 * 1024,
+        "max_unread_outputs": 1024,
+        "consumer_idle_timeout": 60.0,
+        "max_forward_bytes": 256 * 1024 * 1024,
+    }
+    signature = inspect.signature(open_orchestrator).parameters
+    assert all(signature[name].default == value for name, value in defaults.items())
     text = GOOD.replace(
         'name = "tiny"',
-        'name = "tiny"\nstage_idle_timeout = 2\nmax_in_flight = 4\nshutdown_grace = 0',
+        'name = "tiny"\nstage_idle_timeout = 2\nmax_in_flight = 4\nshutdown_grace = 0\n'
+        "max_unread_bytes = 1000\nmax_unread_outputs = 10\nconsumer_idle_timeout = 0\n"
+        "max_forward_bytes = 5000",
     )
     options = parse_pipeline(text).orchestrator_options
-    assert options == {"stage_idle_timeout": 2.0, "max_in_flight": 4, "shutdown_grace": 0.0}
+    assert options == {
+        "stage_idle_timeout": 2.0,
+        "max_in_flight": 4,
+        "shutdown_grace": 0.0,
+        "max_unread_bytes": 1000,
+        "max_unread_outputs": 10,
+        "consumer_idle_timeout": 0.0,
+        "max_forward_bytes": 5000,
+    }
     assert type(options["stage_idle_timeout"]) is float
 
 

@@ -13,6 +13,7 @@ import attrs
 
 __all__ = [
     "check_max_in_flight",
+    "check_positive_int",
     "check_request_id",
     "check_seconds",
     "check_stage_methods",
@@ -45,6 +46,12 @@ def check_max_in_flight(max_in_flight: object) -> None:
         not isinstance(max_in_flight, int) or isinstance(max_in_flight, bool) or max_in_flight < 1
     ):
         raise ValueError(f"max_in_flight must be a positive int or None, got {max_in_flight!r}")
+
+
+def check_positive_int(name: str, value: object) -> None:
+    """Raise ``ValueError`` unless ``value`` is an ``int`` >= 1 (a bound: bytes, outputs)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 def check_stage_methods(index: int, stage: object) -> None:

@@ -20,9 +20,10 @@ from typing import Any, Literal, TypeAlias
 
 import attrs
 
-from ._checks import check_seconds
+from ._checks import check_positive_int, check_seconds
+from ._flow import MAX_FORWARD_BYTES
 from ._messages import OrchOutput, RequestMetrics, StageOutput
-from ._util import describe, stage_label
+from ._util import describe, output_size, stage_label
 
 __all__ = [
     "ForwardFn",
@@ -32,6 +33,7 @@ __all__ = [
     "ReqState",
     "StageAbort",
     "StageCommand",
+    "StageCredit",
     "StageRelease",
     "StageSubmit",
 ]
@@ -75,7 +77,22 @@ class StageRelease:
     request_id: str
 
 
-StageCommand: TypeAlias = StageSubmit | StageAbort | StageRelease
+@attrs.frozen
+class StageCredit:
+    """Command: call ``stages[stage_id].credit(request_id, outputs, nbytes)``: the
+    stage may send ``outputs`` more outputs, of ``nbytes`` more bytes, for the request
+    (flow control, see :mod:`omni_trio._flow`). The first for a request comes before
+    its :class:`StageSubmit`, with the request's whole window at that stage; the
+    others give back what its consumer has taken since. Only stages with a ``credit``
+    method get these, and only for the requests they are a final stage of."""
+
+    stage_id: int
+    request_id: str
+    outputs: int
+    nbytes: int
+
+
+StageCommand: TypeAlias = StageSubmit | StageAbort | StageRelease | StageCredit
 """What the core tells a driver to do to one stage (see :meth:`OrchestratorCore.take_commands`)."""
 
 
@@ -93,6 +110,8 @@ class ReqState:
           submitted stage has finished.
       forward_data: forward mode only: non-``None`` data per stage, kept until the
           stage finishes and ``forward_fn`` turns it into the next stage's input.
+      forward_bytes: forward mode only: the bytes of the data in ``forward_data``
+          (see :func:`omni_trio._util.output_size`), bounded by ``max_forward_bytes``.
       last_heard: Per submitted stage, when it was submitted or last sent an output
           (kept only when the watchdog is on).
       arrival, submit_times, first_output, finish_times, num_outputs: What becomes the
@@ -108,6 +127,7 @@ class ReqState:
     finished: set[int] = attrs.field(factory=set)
     pending_final: OrchOutput | None = None
     forward_data: dict[int, list[Any]] = attrs.field(factory=dict)
+    forward_bytes: int = 0
     last_heard: dict[int, float] = attrs.field(factory=dict)
     submit_times: dict[int, float] = attrs.field(factory=dict)
     first_output: dict[int, float] = attrs.field(factory=dict)
@@ -148,6 +168,8 @@ class OrchestratorCore:
           request for this many seconds ends the request (see :meth:`expire`).
       stage_names: Per stage, a name for messages (``None``: none); see
           :func:`stage_label`.
+      max_forward_bytes: forward mode: a request whose stage's collected data (the
+          next stage's ``forward_fn`` input) grows over this many bytes fails.
 
     Exactly one of ``forward_fn`` and ``prewarm_fn`` must be given.
 
@@ -164,6 +186,7 @@ class OrchestratorCore:
         prewarm_fn: PrewarmFn | None = None,
         stage_idle_timeout: float | None = None,
         stage_names: Sequence[str | None] | None = None,
+        max_forward_bytes: int = MAX_FORWARD_BYTES,
     ) -> None:
         if not isinstance(num_stages, int) or num_stages < 1:
             raise ValueError(f"a pipeline needs at least one stage, got {num_stages!r}")
@@ -175,6 +198,8 @@ class OrchestratorCore:
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be callable, got {fn!r}")
         check_seconds("stage_idle_timeout", stage_idle_timeout, positive=True, optional=True)
+        check_positive_int("max_forward_bytes", max_forward_bytes)
+        self.max_forward_bytes = max_forward_bytes
         self.num_stages = num_stages
         self.final_stage_ids = validate_final_stage_ids(final_stage_ids, num_stages)
         self.last_stage = max(self.final_stage_ids)
@@ -341,6 +366,15 @@ class OrchestratorCore:
         data = output.data
         forwards = self._forward_fn is not None and stage_id < st.last_stage
         if forwards and data is not None:
+            st.forward_bytes += output_size(data)
+            if st.forward_bytes > self.max_forward_bytes:
+                self._fail(
+                    st,
+                    stage_id,
+                    f"{self.stage_labels[stage_id]} sent more than {self.max_forward_bytes} "
+                    f"bytes for the next stage's input (max_forward_bytes)",
+                )
+                return
             st.forward_data.setdefault(stage_id, []).append(data)
 
         if stage_id in st.final_stage_ids:
@@ -417,6 +451,17 @@ class OrchestratorCore:
             label = self.stage_labels[sid]
             self._fail(st, sid, f"{label} sent nothing for {timeout:g} s (stage_idle_timeout)")
 
+    def fail(self, request_id: str, stage_id: int, message: str) -> bool:
+        """End ``request_id`` now with an ``"error"`` terminal saying ``message``
+        (naming ``stage_id``), as a failing stage would; a no-op (returning ``False``)
+        if it is not in flight. A driver's own reasons end requests this way: its
+        consumer stopped reading (``consumer_idle_timeout``), say."""
+        st = self._requests.get(request_id)
+        if st is None:
+            return False
+        self._fail(st, stage_id, message)
+        return True
+
     def abort(self, request_id: str) -> bool:
         """End ``request_id`` now; a no-op (returning ``False``) if it is not in flight.
 
@@ -455,6 +500,7 @@ class OrchestratorCore:
         assert self._forward_fn is not None
         nxt = stage_id + 1
         outputs = st.forward_data.pop(stage_id, [])
+        st.forward_bytes = 0  # (linear: no other stage of the request collects now)
         try:
             stage_input = self._forward_fn(stage_id, outputs)
         except Exception as exc:

@@ -15,7 +15,8 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from ._core import OrchestratorCore, StageCommand, StageRelease, StageSubmit
+from ._core import OrchestratorCore, StageCommand, StageCredit, StageRelease, StageSubmit
+from ._flow import FlowLedger, FlowLimits
 from ._inbox import (
     AbortRequest,
     AdmitRequest,
@@ -77,6 +78,7 @@ class Dispatcher:
           takes one before its admission is sent; the handler gives it back with the
           request's terminal.
       logger: Where :meth:`deliver` reports stage methods that raised.
+      limits: Flow control per request (see :mod:`omni_trio._flow`).
     """
 
     def __init__(
@@ -88,6 +90,7 @@ class Dispatcher:
         results: Sink,
         slots: Slots | None,
         logger: logging.Logger = _logger,
+        limits: FlowLimits,
     ) -> None:
         self.core = core
         self._logger = logger
@@ -95,6 +98,15 @@ class Dispatcher:
         self._results = results
         self._slots = slots
         self._wants_release = tuple(callable(getattr(s, "release", None)) for s in stages)
+        self._takes_credit = tuple(callable(getattr(s, "credit", None)) for s in stages)
+        #: Every request's outputs not yet taken by its consumer, and its credit.
+        self.flow = FlowLedger(
+            core.num_stages,
+            limits,
+            takes_credit=self._takes_credit,
+            send_credit=self._send_credit,
+            credit=StageCredit,
+        )
         #: False once the shutdown's aborts went out: no more stage work.
         self.accepting = True
         #: Callers waiting for a drain to end or for an admission slot.
@@ -166,9 +178,51 @@ class Dispatcher:
         for message in batch:
             apply(message)
             shutdown = shutdown or type(message) is ShutdownCall
-        self.core.expire()
+        self.expire(now)
         self.flush()
         return shutdown
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`step` must run even if no message comes: the core's watchdog,
+        or an output that will have waited unread for ``consumer_idle_timeout``."""
+        core_deadline = self.core.next_deadline()
+        flow_deadline = self.flow.next_deadline()
+        if flow_deadline is None:
+            return core_deadline
+        if core_deadline is None:
+            return flow_deadline
+        return min(core_deadline, flow_deadline)
+
+    def _send_credit(self, credit: StageCredit) -> None:
+        """A consumer took enough of a request's outputs: give its stage credit back."""
+        if self.accepting:
+            self._send_command(credit)
+            self.undelivered[credit.stage_id] += 1
+
+    def expire(self, now: float) -> None:
+        """Run the watchdog and the consumers' idle check at ``now``."""
+        self.core.expire()
+        if self.flow.consumer_idle_timeout is not None:
+            self._expire_idle(now)
+
+    def _expire_idle(self, now: float) -> None:
+        """End the requests whose consumer left an output unread for too long; what
+        they had waiting is dropped (the error terminal says why)."""
+        core = self.core
+        flow = self.flow
+        timeout = flow.consumer_idle_timeout
+        for request_id in flow.expire(now):
+            st = core.state(request_id)
+            if st is None:
+                continue
+            flow.end(request_id)
+            sink = self.streams.get(request_id, self._results)
+            flow.discard(request_id, sink.discard(request_id))
+            core.fail(
+                request_id,
+                st.last_stage,
+                f"its consumer left an output unread for {timeout:g} s (consumer_idle_timeout)",
+            )
 
     def apply(self, message: InboxMessage) -> None:
         core = self.core
@@ -203,6 +257,7 @@ class Dispatcher:
         rid = message.request_id
         self._admitting.discard(rid)
         self.core.add_request(rid, message.prompt, message.finals)
+        self.flow.open(rid, message.finals)
         if message.sink is not None:  # before the flush: no output was routed yet
             self.streams[rid] = message.sink
         if not self.accepting:  # queued before the shutdown, arrived after it
@@ -215,16 +270,26 @@ class Dispatcher:
         if self.accepting:  # after the shutdown's aborts went out, stages get nothing
             undelivered = self.undelivered
             wants_release = self._wants_release
+            takes_credit = self._takes_credit
             for command in commands:
-                if type(command) is StageRelease and not wants_release[command.stage_id]:
+                kind = type(command)
+                if kind is StageRelease and not wants_release[command.stage_id]:
                     continue
+                if kind is StageSubmit and takes_credit[command.stage_id]:
+                    credit = self.flow.first_credit(command.stage_id, command.request_id)
+                    if credit is not None:  # before the submit: its window to send in
+                        self._send_command(credit)
+                        undelivered[command.stage_id] += 1
                 self._send_command(command)
                 undelivered[command.stage_id] += 1
         streams = self.streams
         results = self._results
         slots = self._slots
+        put = self.flow.put
+        now = core.now
         touched: list[Sink] = []  # streams to flush (a request's outputs come in runs)
         for output in core.take_outputs():
+            put(output, now)
             stream = streams.get(output.request_id) if streams else None
             if stream is None:
                 results.put(output)
@@ -274,6 +339,13 @@ class Dispatcher:
                         exc_info=True,
                     )
                     await report(SubmitFailed(command, exc))
+        elif type(command) is StageCredit:
+            try:
+                await stage.credit(command.request_id, command.outputs, command.nbytes)
+            except Exception:
+                self._logger.warning(
+                    "stage %d: credit(%r) raised", stage_id, command.request_id, exc_info=True
+                )
         else:
             action = "release" if type(command) is StageRelease else "abort"
             try:

@@ -13,9 +13,10 @@ from typing import Any, TypeVar
 
 import attrs
 
-from ._checks import check_max_in_flight, check_seconds
+from ._checks import check_max_in_flight, check_positive_int, check_seconds
 from ._core import ForwardFn, Mode, OrchestratorCore, PrewarmFn, StageCommand
 from ._dispatch import Dispatcher, Slots
+from ._flow import FlowLimits
 from ._inbox import AdmitRequest, InboxMessage
 from ._sink import OutboxBase
 
@@ -44,6 +45,13 @@ class OrchestratorStatistics:
       commands_queued: Per stage, submits, aborts and releases decided but not yet
           delivered.
       admissions_waiting: Callers waiting for ``max_in_flight`` room or a drain.
+      unread_outputs: Per stage, its outputs handed to consumers and not taken yet:
+          in request streams (a batch a consumer holds counts until it asks for
+          more), and in :meth:`~Orchestrator.next_output`'s queue.
+      unread_bytes: Per stage, their bytes (``bytes`` and ``str`` data count their
+          length, anything else 0).
+      unread_requests: Requests that hold outputs unread, or are in flight (the
+          flow-control ledger's entries: 0 once every request ended and was read).
     """
 
     mode: Mode
@@ -59,6 +67,19 @@ class OrchestratorStatistics:
     outputs_ready: int
     commands_queued: tuple[int, ...]
     admissions_waiting: int
+    unread_outputs: tuple[int, ...] = ()
+    unread_bytes: tuple[int, ...] = ()
+    unread_requests: int = 0
+
+    @property
+    def total_unread_outputs(self) -> int:
+        """``sum(unread_outputs)``."""
+        return sum(self.unread_outputs)
+
+    @property
+    def total_unread_bytes(self) -> int:
+        """``sum(unread_bytes)``."""
+        return sum(self.unread_bytes)
 
 
 def prepare(
@@ -71,7 +92,11 @@ def prepare(
     stage_idle_timeout: float | None,
     max_in_flight: int | None,
     shutdown_grace: float,
-) -> tuple[OrchestratorCore, list[S]]:
+    max_unread_bytes: int,
+    max_unread_outputs: int,
+    consumer_idle_timeout: float,
+    max_forward_bytes: int,
+) -> tuple[OrchestratorCore, list[S], FlowLimits]:
     """Check the arguments of ``open_orchestrator`` (or its twin); build the core.
 
     Raises:
@@ -85,10 +110,15 @@ def prepare(
         prewarm_fn=prewarm_fn,
         stage_idle_timeout=stage_idle_timeout,
         stage_names=[getattr(stage, "name", None) for stage in checked],
+        max_forward_bytes=max_forward_bytes,
     )
     check_max_in_flight(max_in_flight)
     check_seconds("shutdown_grace", shutdown_grace, positive=False)
-    return core, checked
+    check_positive_int("max_unread_bytes", max_unread_bytes)
+    check_positive_int("max_unread_outputs", max_unread_outputs)
+    check_seconds("consumer_idle_timeout", consumer_idle_timeout, positive=False)
+    limits = FlowLimits(max_unread_bytes, max_unread_outputs, consumer_idle_timeout)
+    return core, checked, limits
 
 
 class OrchestratorBase:
@@ -108,6 +138,7 @@ class OrchestratorBase:
         send_command: Callable[[StageCommand], None],
         logger: logging.Logger,
         max_in_flight: int | None,
+        limits: FlowLimits,
     ) -> None:
         self._core = core
         self._max_in_flight = max_in_flight
@@ -119,7 +150,9 @@ class OrchestratorBase:
             results=results,
             slots=slots,
             logger=logger,
+            limits=limits,
         )
+        self._flow = self._dispatch.flow
 
     @property
     def mode(self) -> Mode:
@@ -142,6 +175,28 @@ class OrchestratorBase:
         return self._max_in_flight
 
     @property
+    def max_unread_bytes(self) -> int:
+        """Bytes of outputs a request may hold that its consumer has not taken; at the
+        bound, its final stages that take credit hold its engines."""
+        return self._flow.max_unread_bytes
+
+    @property
+    def max_unread_outputs(self) -> int:
+        """Outputs a request may hold that its consumer has not taken."""
+        return self._flow.max_unread_outputs
+
+    @property
+    def consumer_idle_timeout(self) -> float:
+        """Seconds an output may wait unread before its request ends with an error
+        (0: never)."""
+        return self._flow.consumer_idle_timeout or 0.0
+
+    @property
+    def max_forward_bytes(self) -> int:
+        """Forward mode: bytes a stage may send for the next stage's input, per request."""
+        return self._core.max_forward_bytes
+
+    @property
     def dropped_outputs(self) -> int:
         """Stage outputs dropped so far: for unknown or already-ended requests, from a
         stage not submitted for the request or that already finished it, or not a
@@ -152,6 +207,7 @@ class OrchestratorBase:
         """Return a snapshot of counters and queue lengths."""
         core = self._core
         dispatch = self._dispatch
+        unread_outputs, unread_bytes = self._flow.unread()
         return OrchestratorStatistics(
             mode=core.mode,
             in_flight=core.in_flight,
@@ -166,6 +222,9 @@ class OrchestratorBase:
             outputs_ready=self._results.ready(),
             commands_queued=tuple(dispatch.undelivered),
             admissions_waiting=dispatch.admissions_waiting,
+            unread_outputs=tuple(unread_outputs),
+            unread_bytes=tuple(unread_bytes),
+            unread_requests=len(self._flow),
         )
 
     # -- what a driver's subclass supplies ----------------------------------------------

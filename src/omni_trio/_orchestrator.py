@@ -31,6 +31,13 @@ from ._core import ForwardFn, OrchestratorCore, PrewarmFn, StageCommand
 from ._dispatch import INBOX_SIZE, MAX_BATCH, death_cause
 from ._driver import OrchestratorBase, prepare
 from ._errors import unwrap_single_exception
+from ._flow import (
+    CONSUMER_IDLE_TIMEOUT,
+    MAX_FORWARD_BYTES,
+    MAX_UNREAD_BYTES,
+    MAX_UNREAD_OUTPUTS,
+    FlowLimits,
+)
 from ._inbox import (
     AbortRequest,
     AdmitRequest,
@@ -77,6 +84,7 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         *,
         max_in_flight: int | None,
         shutdown_grace: float,
+        limits: FlowLimits,
     ) -> None:
         self._stages = tuple(stages)
         self._shutdown_grace = shutdown_grace
@@ -93,6 +101,7 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
             send_command=self._queue_command,
             logger=logger,
             max_in_flight=max_in_flight,
+            limits=limits,
         )
         self._draining = AsyncValue(0)  # drain() calls in progress
         self._shielded = trio.CancelScope(shield=True)
@@ -159,7 +168,7 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         ``request_id``, a unique one is generated (see :attr:`RequestStream.request_id`).
         """
         rid = check_request_id(uuid.uuid4().hex if request_id is None else request_id)
-        stream, outbox = new_stream(rid)
+        stream, outbox = new_stream(rid, self._flow)
         await self._admit(rid, prompt, final_stage_ids, outbox)
         try:
             yield stream
@@ -170,6 +179,7 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
                 with trio.move_on_after(self._shutdown_grace, shield=True):
                     await self.abort(rid)  # (after shutdown: it was aborted already)
                     stream.terminal = await outbox.wait_for_terminal()
+            outbox.close_account()
 
     async def next_output(self) -> OrchOutput:
         """Wait for the next output of a request admitted with :meth:`add_request`.
@@ -184,7 +194,9 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
           trio.EndOfChannel: the orchestrator has shut down and every output it
               produced (including the shutdown's ``"aborted"`` terminals) was taken.
         """
-        return await self._results.get()
+        output = await self._results.get()
+        self._flow.read_one(output)
+        return output
 
     async def next_outputs(self) -> list[OrchOutput]:
         """Wait for the next output of a request admitted with :meth:`add_request`,
@@ -202,7 +214,9 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
           trio.EndOfChannel: the orchestrator has shut down and every output it
               produced (including the shutdown's ``"aborted"`` terminals) was taken.
         """
-        return await self._results.get_batch()
+        outputs = await self._results.get_batch()
+        self._flow.read(outputs)
+        return outputs
 
     async def abort(self, request_id: str) -> None:
         """End a request now.
@@ -323,11 +337,10 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
 
     async def _handle(self) -> None:
         """The only task that touches the core."""
-        core = self._core
         dispatch = self._dispatch
         try:
             while True:
-                deadline = core.next_deadline()
+                deadline = dispatch.next_deadline()
                 if deadline is None:
                     batch = await _receive_batch(self._inbox)
                 else:  # the watchdog is armed: wake up for it
@@ -426,6 +439,10 @@ async def open_orchestrator(
     stage_idle_timeout: float | None = None,
     max_in_flight: int | None = None,
     shutdown_grace: float = 5.0,
+    max_unread_bytes: int = MAX_UNREAD_BYTES,
+    max_unread_outputs: int = MAX_UNREAD_OUTPUTS,
+    consumer_idle_timeout: float = CONSUMER_IDLE_TIMEOUT,
+    max_forward_bytes: int = MAX_FORWARD_BYTES,
 ) -> AsyncIterator[Orchestrator]:
     """Run an orchestrator over ``stages`` for the duration of the block.
 
@@ -453,16 +470,27 @@ async def open_orchestrator(
           flight. ``None`` (the default): no limit.
       shutdown_grace: Seconds the shutdown, and a stream's abort when its block is
           left early, may spend delivering aborts.
+      max_unread_bytes, max_unread_outputs: Flow control: each request may hold at
+          most this many bytes (of ``bytes`` and ``str`` data) and outputs that its
+          consumer has not taken. At the bound, its final stages that have a
+          ``credit`` method (see :class:`Stage`) hold that request's engines -- and
+          no other request's -- until the consumer reads on.
+      consumer_idle_timeout: A request with an output that waited unread this many
+          seconds ends with an ``"error"`` terminal saying so, and what it had
+          waiting is dropped. A stage slow to produce is never idle: only an output
+          waiting counts. ``0`` turns it off.
+      max_forward_bytes: Forward mode: a request whose stage sends more than this
+          many bytes of data for the next stage's input fails, naming the key.
 
     Raises:
       ValueError: no stages, both or neither of ``forward_fn`` and ``prewarm_fn``,
           ``final_stage_ids`` empty or naming a stage that does not exist, a
-          non-positive ``stage_idle_timeout``/``max_in_flight``, or a negative
-          ``shutdown_grace``.
+          non-positive ``stage_idle_timeout``/``max_in_flight``/``max_unread_*``/
+          ``max_forward_bytes``, or a negative ``shutdown_grace``/``consumer_idle_timeout``.
       TypeError: a stage lacks ``outputs``/``submit``/``abort``, or a function is not
           callable.
     """
-    core, checked = prepare(
+    core, checked, limits = prepare(
         stages,
         final_stage_ids,
         check_stage,
@@ -471,9 +499,13 @@ async def open_orchestrator(
         stage_idle_timeout=stage_idle_timeout,
         max_in_flight=max_in_flight,
         shutdown_grace=shutdown_grace,
+        max_unread_bytes=max_unread_bytes,
+        max_unread_outputs=max_unread_outputs,
+        consumer_idle_timeout=consumer_idle_timeout,
+        max_forward_bytes=max_forward_bytes,
     )
     orchestrator = Orchestrator._create(  # noqa: SLF001 - the module's own factory
-        core, checked, max_in_flight=max_in_flight, shutdown_grace=shutdown_grace
+        core, checked, max_in_flight=max_in_flight, shutdown_grace=shutdown_grace, limits=limits
     )
     with unwrap_single_exception():
         async with orchestrator._running():  # noqa: SLF001 - the module's own factory

@@ -11,10 +11,15 @@ and a fast consumer still lets every other task run.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import trio
 
 from ._messages import OrchOutput
 from ._sink import OutboxBase
+
+if TYPE_CHECKING:
+    from ._flow import FlowLedger
 
 __all__ = ["YIELD_EVERY", "Outbox"]
 
@@ -28,8 +33,8 @@ class Outbox(OutboxBase):
 
     __slots__ = ("_closed", "_since_yield", "_waiting")
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, flow: FlowLedger | None = None, request_id: str = "") -> None:
+        super().__init__(flow, request_id)
         self._waiting = trio.lowlevel.ParkingLot()  # consumers waiting for a batch
         self._closed = False
         self._since_yield = 0

@@ -24,10 +24,16 @@ class ScriptedStageBase:
         *,
         on_submit: Callable[[str, Any], Awaitable[None]] | None = None,
         on_abort: Callable[[str], Awaitable[None]] | None = None,
+        takes_credit: bool = False,
     ) -> None:
         self.submissions: list[tuple[str, Any]] = []
         self.aborts: list[str] = []
         self.releases: list[str] = []
+        #: ``(request_id, outputs, nbytes)`` of every ``credit`` call, in call order
+        #: (a stage made with ``takes_credit=True`` has the method).
+        self.credits: list[tuple[str, int, int]] = []
+        if takes_credit:
+            self.credit = self._credit
         #: Why the stage is gone, once :meth:`close` was given a cause.
         self.death_cause: str | None = None
         self._on_submit = on_submit
@@ -63,6 +69,15 @@ class ScriptedStageBase:
     async def release(self, request_id: str) -> None:
         self.releases.append(request_id)
         await self._checkpoint()
+
+    async def _credit(self, request_id: str, outputs: int, nbytes: int) -> None:
+        self.credits.append((request_id, outputs, nbytes))
+        await self._checkpoint()
+
+    def granted(self, request_id: str) -> tuple[int, int]:
+        """The credit given for ``request_id`` so far: ``(outputs, nbytes)``, summed."""
+        grants = [(o, b) for rid, o, b in self.credits if rid == request_id]
+        return sum(o for o, _ in grants), sum(b for _, b in grants)
 
     # -- what the test does --------------------------------------------------------------
 

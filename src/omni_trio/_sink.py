@@ -11,9 +11,12 @@ buffer; the asyncio twin's, through a queue); the bookkeeping lives here, once.
 from __future__ import annotations
 
 from collections import deque
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ._messages import OrchOutput
+
+if TYPE_CHECKING:
+    from ._flow import FlowLedger
 
 __all__ = ["OutboxBase", "Sink", "StreamBase"]
 
@@ -28,17 +31,25 @@ class Sink(Protocol):
 
     def flush(self) -> None: ...
 
+    def discard(self, request_id: str) -> list[OrchOutput]: ...
+
 
 class OutboxBase:
     """One destination's bookkeeping: the handler ``put``\\ s and ``flush``\\ es, the
     consumer ``get``\\ s (a driver's subclass supplies ``get`` and the channel)."""
 
-    __slots__ = ("_buffer", "_in_channel", "_pending")
+    __slots__ = ("_buffer", "_in_channel", "_pending", "flow", "in_hand", "request_id")
 
-    def __init__(self) -> None:
+    def __init__(self, flow: FlowLedger | None = None, request_id: str = "") -> None:
         self._pending: list[OrchOutput] = []  # the handler's, until the flush ends
         self._buffer: deque[OrchOutput] = deque()  # the consumer's
         self._in_channel = 0  # outputs sent in batches, not yet in the buffer
+        #: A stream's: the ledger its reads are reported to, and its request.
+        self.flow = flow
+        self.request_id = request_id
+        #: A stream's: what its consumer took last, counted unread until it comes
+        #: back for more (a batch being written to a socket is not read yet).
+        self.in_hand: OrchOutput | list[OrchOutput] | None = None
 
     # -- what a driver's subclass supplies --------------------------------------------
 
@@ -91,12 +102,44 @@ class OutboxBase:
         """The next output, waiting for one (a driver's subclass supplies it)."""
         raise NotImplementedError
 
+    def discard(self, request_id: str) -> list[OrchOutput]:
+        """Take out every output of ``request_id`` not taken yet (its request ends
+        without them), and return them; the others stay, in order."""
+        self.flush()
+        while (batch := self._receive_batch_nowait()) is not None:
+            self._take(batch)
+        buffer = self._buffer
+        dropped = [output for output in buffer if output.request_id == request_id]
+        if dropped:
+            kept = [output for output in buffer if output.request_id != request_id]
+            buffer.clear()
+            buffer.extend(kept)
+        return dropped
+
+    # -- a stream's reads, for flow control -----------------------------------------------
+
+    def give_back(self) -> None:
+        """The stream's consumer came back for more: what it held is read."""
+        hand, self.in_hand = self.in_hand, None
+        flow = self.flow
+        if flow is not None:
+            if type(hand) is list:
+                flow.read(hand)
+            else:
+                flow.read_one(hand)  # type: ignore[arg-type]
+
+    def _skipped(self, outputs: list[OrchOutput]) -> None:
+        if self.flow is not None and outputs:
+            self.flow.discard(self.request_id, outputs)
+
     # -- a stream's block left early (``open_request``'s cleanup) -----------------------
 
     def skip_to_terminal(self) -> OrchOutput | None:
         """Skip the outputs that arrived and were not read, up to the terminal; return
         the terminal if it was among them."""
-        for output in self.take_ready():
+        outputs = self.take_ready()
+        self._skipped(outputs)
+        for output in outputs:
             if output.finished:
                 return output
         return None
@@ -106,12 +149,24 @@ class OutboxBase:
         the wait)."""
         while True:
             output = await self.get()
+            self._skipped([output])
             if output.finished:
                 return output
+
+    def close_account(self) -> None:
+        """The stream's block is over: its request's account closes, whatever it
+        still counts (what its consumer held, what nobody will read)."""
+        self.in_hand = None
+        if self.flow is not None:
+            self.flow.forget(self.request_id)
 
 
 class _Outbox(Sink, Protocol):
     """What a stream needs from its driver's outbox (and the handler, as a sink)."""
+
+    in_hand: OrchOutput | list[OrchOutput] | None
+
+    def give_back(self) -> None: ...
 
     async def get(self) -> OrchOutput: ...
 
@@ -152,10 +207,13 @@ class StreamBase:
         return self
 
     async def __anext__(self) -> OrchOutput:
+        outbox = self._outbox
+        if outbox.in_hand is not None:
+            outbox.give_back()
         if self.terminal is not None:
-            await self._outbox.checkpoint()
+            await outbox.checkpoint()
             raise StopAsyncIteration
-        output = await self._outbox.get()
+        output = outbox.in_hand = await outbox.get()
         if output.finished:
             self.terminal = output
         return output
@@ -174,10 +232,13 @@ class StreamBase:
           trio.EndOfChannel: (the asyncio twin: ``EndOfOutputs``) the terminal output
               was already received.
         """
+        outbox = self._outbox
+        if outbox.in_hand is not None:
+            outbox.give_back()
         if self.terminal is not None:
-            await self._outbox.checkpoint()
-            raise self._outbox.end_of_stream()
-        batch = await self._outbox.get_batch()
+            await outbox.checkpoint()
+            raise outbox.end_of_stream()
+        batch = outbox.in_hand = await outbox.get_batch()
         if batch[-1].finished:  # the terminal is a request's last output
             self.terminal = batch[-1]
         return batch

@@ -26,6 +26,21 @@ class Stage(Protocol):
     request ended early (after its ``abort``). It is where a stage frees what it still
     holds for the request, such as shared-memory chunks a downstream stage reads.
 
+    A stage may also define ``async credit(request_id, outputs, nbytes)``: flow
+    control. It is then called, in the same order, for each request it is a final
+    stage of: once before the request's ``submit``, with the request's whole window
+    at this stage (``open_orchestrator``'s ``max_unread_outputs`` and
+    ``max_unread_bytes``, split evenly among the request's final stages), and again
+    whenever the request's consumer has taken half of it, with what was taken. A
+    stage that honours it sends an output for a request only while it has credit
+    for it: at least one output, and the output's bytes (the length of ``bytes`` or
+    ``str`` data, 0 for anything else) -- or, for an output bigger than what is
+    left, at least half its window. It holds that request's engine otherwise, and no
+    other request's. Credit for a request the stage no longer knows is ignored.
+    (:class:`~omni_trio.process.ProcessStage` takes credit; a stage without the
+    method is never held, and its requests' unread outputs are only bounded in time,
+    by ``consumer_idle_timeout``.)
+
     Two optional attributes make error messages say more:
 
     * ``name`` (a ``str``): messages name the stage ``stage 0 (thinker)`` instead of

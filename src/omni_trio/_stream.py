@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ._outbox import Outbox
 from ._sink import StreamBase
 from ._util import NoPublicConstructor, final
+
+if TYPE_CHECKING:
+    from ._flow import FlowLedger
 
 __all__ = ["RequestStream", "new_stream"]
 
@@ -30,7 +35,8 @@ class RequestStream(StreamBase, metaclass=NoPublicConstructor):
     """
 
 
-def new_stream(request_id: str) -> tuple[RequestStream, Outbox]:
-    """A stream for ``request_id``, and the outbox the handler fills for it."""
-    outbox = Outbox()
+def new_stream(request_id: str, flow: FlowLedger | None = None) -> tuple[RequestStream, Outbox]:
+    """A stream for ``request_id``, and the outbox the handler fills for it (its reads
+    are reported to ``flow``)."""
+    outbox = Outbox(flow, request_id)
     return RequestStream._create(request_id, outbox), outbox  # noqa: SLF001 - its own factory

@@ -20,10 +20,31 @@ __all__ = [
     "final",
     "import_object",
     "lazy_exports",
+    "output_size",
     "stage_label",
 ]
 
 T = TypeVar("T")
+
+
+def output_size(data: object) -> int:
+    """The bytes an output's ``data`` counts for flow control: the length of
+    ``bytes``, ``bytearray`` and ``str`` (and their subclasses), a ``memoryview``'s
+    ``nbytes``; 0 for anything else (which counts as one output all the same).
+
+    The orchestrator and a worker count with this one function, so a worker's credit
+    and the orchestrator's ledger agree to the byte.
+    """
+    kind = type(data)
+    if kind is bytes or kind is str or kind is bytearray:
+        return len(data)  # type: ignore[arg-type]
+    if kind is memoryview:
+        return data.nbytes  # type: ignore[attr-defined, no-any-return]
+    if isinstance(data, (bytes, bytearray, str)):
+        return len(data)
+    if isinstance(data, memoryview):
+        return data.nbytes
+    return 0
 
 
 def stage_label(stage_id: int, name: object = None) -> str:

@@ -51,8 +51,21 @@ from typing import Annotated, Any, Literal
 import attrs
 import msgspec
 
+from ._flow import (
+    CONSUMER_IDLE_TIMEOUT,
+    MAX_FORWARD_BYTES,
+    MAX_UNREAD_BYTES,
+    MAX_UNREAD_OUTPUTS,
+)
 from ._util import import_object
-from .process._options import INLINE_CHUNK_BYTES, MIN_RING_BYTES, RING_BYTES, WorkerOptions
+from .process._options import (
+    INLINE_CHUNK_BYTES,
+    MIN_RING_BYTES,
+    RING_BYTES,
+    WINDOW,
+    WINDOW_BYTES,
+    WorkerOptions,
+)
 
 __all__ = [
     "SHIPPED_PIPELINES",
@@ -124,6 +137,24 @@ class PipelineSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     """With the shm connector: the size of the shared-memory ring each sending worker
     keeps per worker it sends to; a chunk must fit in it, and a full one makes the
     sender wait."""
+    max_unread_bytes: Annotated[int, msgspec.Meta(ge=1)] = MAX_UNREAD_BYTES
+    """Bytes of ``bytes``/``str`` outputs a request may hold that its consumer has not
+    taken; at the bound its final stages' engines are held (per request)."""
+    max_unread_outputs: Annotated[int, msgspec.Meta(ge=1)] = MAX_UNREAD_OUTPUTS
+    """Outputs a request may hold that its consumer has not taken; at the bound its
+    final stages' engines are held (per request)."""
+    consumer_idle_timeout: Annotated[float, msgspec.Meta(ge=0)] = CONSUMER_IDLE_TIMEOUT
+    """Seconds an output may wait unread before its request ends with an ``"error"``
+    terminal saying so; 0: never."""
+    max_forward_bytes: Annotated[int, msgspec.Meta(ge=1)] = MAX_FORWARD_BYTES
+    """Forward mode: bytes of ``bytes``/``str`` outputs a stage may produce for one
+    request, collected for the next stage's input; a request over it fails."""
+    window: Annotated[int, msgspec.Meta(ge=1, le=65536)] = WINDOW
+    """With the shm connector: chunks a request may have sent and not yet read per
+    downstream stage; its sender waits for more."""
+    window_bytes: Annotated[int, msgspec.Meta(ge=1)] = WINDOW_BYTES
+    """With the shm connector: bytes of chunks a request may have sent and not yet read
+    per downstream stage; its sender waits for more."""
     ray_address: str | None = None
     """For stages with ``backend = "ray"``: the Ray cluster to join (``"auto"``: the
     one ``ray start`` runs on this machine; ``"127.0.0.1:6379"``: that one's head);
@@ -191,13 +222,19 @@ class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, f
 
     @property
     def orchestrator_options(self) -> dict[str, Any]:
-        """``stage_idle_timeout=``, ``max_in_flight=`` and ``shutdown_grace=`` for
+        """``stage_idle_timeout=``, ``max_in_flight=``, ``shutdown_grace=`` and the
+        flow-control bounds (``max_unread_bytes=``, ``max_unread_outputs=``,
+        ``consumer_idle_timeout=``, ``max_forward_bytes=``) for
         :func:`omni_trio.open_orchestrator`, from ``[pipeline]``."""
         section = self.pipeline
         return {
             "stage_idle_timeout": section.stage_idle_timeout,
             "max_in_flight": section.max_in_flight,
             "shutdown_grace": section.shutdown_grace,
+            "max_unread_bytes": section.max_unread_bytes,
+            "max_unread_outputs": section.max_unread_outputs,
+            "consumer_idle_timeout": section.consumer_idle_timeout,
+            "max_forward_bytes": section.max_forward_bytes,
         }
 
     def with_pipeline(self, **changes: Any) -> PipelineConfig:

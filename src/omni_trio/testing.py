@@ -28,12 +28,16 @@ class ScriptedStage(ScriptedStageBase):
       on_submit: Awaited inside :meth:`submit` after the call is recorded: raise to
           make the submit fail, or block to make it slow.
       on_abort: The same for :meth:`abort`.
+      takes_credit: Give the stage a ``credit`` method (flow control, see
+          :class:`~omni_trio.Stage`) that records each call in :attr:`credits`.
 
     Attributes:
       submissions: ``(request_id, inputs)`` of every :meth:`submit` call, in call
           order (recorded before ``on_submit`` runs).
       aborts: ``request_id`` of every :meth:`abort` call, in call order.
       releases: ``request_id`` of every :meth:`release` call, in call order.
+      credits: ``(request_id, outputs, nbytes)`` of every ``credit`` call, in call
+          order (see :meth:`granted`).
       outputs: The receive side of the stage's output channel.
       death_cause: The ``cause`` given to :meth:`close`, else ``None``.
     """
@@ -43,8 +47,9 @@ class ScriptedStage(ScriptedStageBase):
         *,
         on_submit: Callable[[str, Any], Awaitable[None]] | None = None,
         on_abort: Callable[[str], Awaitable[None]] | None = None,
+        takes_credit: bool = False,
     ) -> None:
-        super().__init__(on_submit=on_submit, on_abort=on_abort)
+        super().__init__(on_submit=on_submit, on_abort=on_abort, takes_credit=takes_credit)
         self._send, self.outputs = trio.open_memory_channel[StageItem](math.inf)
 
     def _put(self, item: StageItem) -> None:

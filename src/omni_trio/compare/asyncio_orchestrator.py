@@ -31,6 +31,14 @@ from .._core import ForwardFn, OrchestratorCore, PrewarmFn, StageCommand
 from .._dispatch import INBOX_SIZE, MAX_BATCH, death_cause
 from .._driver import OrchestratorBase, prepare
 from .._errors import unwrap_single_exception
+from .._flow import (
+    CONSUMER_IDLE_TIMEOUT,
+    MAX_FORWARD_BYTES,
+    MAX_UNREAD_BYTES,
+    MAX_UNREAD_OUTPUTS,
+    FlowLedger,
+    FlowLimits,
+)
 from .._inbox import (
     AbortRequest,
     AdmitRequest,
@@ -68,6 +76,15 @@ T = TypeVar("T")
 
 END_OF_OUTPUTS: Any = type("EndOfOutputs", (), {"__repr__": lambda self: "END_OF_OUTPUTS"})()
 """Put on a stage's ``outputs`` queue to say the stage is gone (its outputs ended)."""
+
+
+#: The flow-control arguments' defaults (as :func:`omni_trio.open_orchestrator`'s).
+DEFAULT_BOUNDS: dict[str, Any] = {
+    "max_unread_bytes": MAX_UNREAD_BYTES,
+    "max_unread_outputs": MAX_UNREAD_OUTPUTS,
+    "consumer_idle_timeout": CONSUMER_IDLE_TIMEOUT,
+    "max_forward_bytes": MAX_FORWARD_BYTES,
+}
 
 
 class EndOfOutputs(Exception):
@@ -140,8 +157,8 @@ class _Outbox(AsyncioOutboxBase):
 
     __slots__ = ("_closed", "_waiters")
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, flow: FlowLedger | None = None, request_id: str = "") -> None:
+        super().__init__(flow, request_id)
         self._waiters: list[asyncio.Future[None]] = []
         self._closed = False
 
@@ -213,8 +230,9 @@ class AsyncioDriver(OrchestratorBase):
         raise NotImplementedError
 
     @staticmethod
-    def _new_stream(request_id: str) -> tuple[StreamBase, OutboxBase]:
-        """What :meth:`open_request` yields, and the outbox the handler fills for it."""
+    def _new_stream(request_id: str, flow: FlowLedger) -> tuple[StreamBase, OutboxBase]:
+        """What :meth:`open_request` yields, and the outbox the handler fills for it
+        (its reads reported to ``flow``)."""
         raise NotImplementedError
 
     def __init__(
@@ -224,6 +242,7 @@ class AsyncioDriver(OrchestratorBase):
         *,
         max_in_flight: int | None,
         shutdown_grace: float,
+        limits: FlowLimits,
     ) -> None:
         self._stages = tuple(stages)
         self._shutdown_grace = shutdown_grace
@@ -240,6 +259,7 @@ class AsyncioDriver(OrchestratorBase):
             send_command=lambda command: self._commands[command.stage_id].put_nowait(command),
             logger=logger,
             max_in_flight=max_in_flight,
+            limits=limits,
         )
         self._draining = 0
         self._drain_over = asyncio.Event()
@@ -265,7 +285,7 @@ class AsyncioDriver(OrchestratorBase):
         """Admit a request and read its outputs from the block; leaving early aborts it
         and waits (up to ``shutdown_grace``) for its terminal, kept in ``terminal``."""
         rid = check_request_id(uuid.uuid4().hex if request_id is None else request_id)
-        stream, outbox = self._new_stream(rid)
+        stream, outbox = self._new_stream(rid, self._flow)
         await self._admit(rid, prompt, final_stage_ids, outbox)
         try:
             yield stream
@@ -285,6 +305,7 @@ class AsyncioDriver(OrchestratorBase):
                         stream.terminal = await outbox.wait_for_terminal()
                 except _TIMEOUTS:
                     pass  # as the Trio orchestrator: terminal stays None
+            outbox.close_account()
 
     async def next_output(self) -> OrchOutput:
         """The next output of a request admitted with :meth:`add_request`.
@@ -293,6 +314,7 @@ class AsyncioDriver(OrchestratorBase):
           EndOfOutputs: after shutdown, once every output was taken.
         """
         output: OrchOutput = await self._results.get()
+        self._flow.read_one(output)
         return output
 
     async def abort(self, request_id: str) -> None:
@@ -448,8 +470,8 @@ class AsyncioOrchestrator(AsyncioDriver, metaclass=NoPublicConstructor):
         return _Outbox()
 
     @staticmethod
-    def _new_stream(request_id: str) -> tuple[AsyncioRequestStream, _Outbox]:
-        outbox = _Outbox()
+    def _new_stream(request_id: str, flow: FlowLedger) -> tuple[AsyncioRequestStream, _Outbox]:
+        outbox = _Outbox(flow, request_id)
         return AsyncioRequestStream._create(request_id, outbox), outbox  # noqa: SLF001 - its own factory
 
     async def next_outputs(self) -> list[OrchOutput]:
@@ -459,15 +481,16 @@ class AsyncioOrchestrator(AsyncioDriver, metaclass=NoPublicConstructor):
         Raises:
           EndOfOutputs: after shutdown, once every output was taken.
         """
-        return await self._results.get_batch()
+        outputs = await self._results.get_batch()
+        self._flow.read(outputs)
+        return outputs
 
     async def _handle(self) -> None:
-        core = self._core
         dispatch = self._dispatch
         loop = asyncio.get_running_loop()
         try:
             while True:
-                deadline = core.next_deadline()
+                deadline = dispatch.next_deadline()
                 batch: list[InboxMessage] | None
                 if deadline is None:
                     batch = await _get_batch(self._inbox)
@@ -515,10 +538,12 @@ async def run_driver(
     stage_idle_timeout: float | None,
     max_in_flight: int | None,
     shutdown_grace: float,
+    **bounds: Any,
 ) -> AsyncIterator[D]:
     """Check the arguments, build ``driver(core, stages, ...)``, run its tasks for the
-    block, and shut it down as :func:`open_asyncio_orchestrator` says."""
-    core, checked = prepare(
+    block, and shut it down as :func:`open_asyncio_orchestrator` says. ``bounds``:
+    the flow-control arguments of :func:`omni_trio.open_orchestrator`."""
+    core, checked, limits = prepare(
         stages,
         final_stage_ids,
         _check_stage,
@@ -527,8 +552,11 @@ async def run_driver(
         stage_idle_timeout=stage_idle_timeout,
         max_in_flight=max_in_flight,
         shutdown_grace=shutdown_grace,
+        **(DEFAULT_BOUNDS | bounds),
     )
-    orchestrator = driver(core, checked, max_in_flight=max_in_flight, shutdown_grace=shutdown_grace)
+    orchestrator = driver(
+        core, checked, max_in_flight=max_in_flight, shutdown_grace=shutdown_grace, limits=limits
+    )
     with unwrap_single_exception():
         async with orchestrator._running():  # noqa: SLF001 - the module's own factory
             yield orchestrator
@@ -544,6 +572,10 @@ async def open_asyncio_orchestrator(
     stage_idle_timeout: float | None = None,
     max_in_flight: int | None = None,
     shutdown_grace: float = 5.0,
+    max_unread_bytes: int = MAX_UNREAD_BYTES,
+    max_unread_outputs: int = MAX_UNREAD_OUTPUTS,
+    consumer_idle_timeout: float = CONSUMER_IDLE_TIMEOUT,
+    max_forward_bytes: int = MAX_FORWARD_BYTES,
 ) -> AsyncIterator[AsyncioOrchestrator]:
     """The asyncio twin of :func:`omni_trio.open_orchestrator` (same arguments).
 
@@ -561,5 +593,9 @@ async def open_asyncio_orchestrator(
         stage_idle_timeout=stage_idle_timeout,
         max_in_flight=max_in_flight,
         shutdown_grace=shutdown_grace,
+        max_unread_bytes=max_unread_bytes,
+        max_unread_outputs=max_unread_outputs,
+        consumer_idle_timeout=consumer_idle_timeout,
+        max_forward_bytes=max_forward_bytes,
     ) as orchestrator:
         yield orchestrator

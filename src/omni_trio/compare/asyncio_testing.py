@@ -38,8 +38,9 @@ class AsyncioScriptedStage(ScriptedStageBase):
         *,
         on_submit: Callable[[str, Any], Awaitable[None]] | None = None,
         on_abort: Callable[[str], Awaitable[None]] | None = None,
+        takes_credit: bool = False,
     ) -> None:
-        super().__init__(on_submit=on_submit, on_abort=on_abort)
+        super().__init__(on_submit=on_submit, on_abort=on_abort, takes_credit=takes_credit)
         self.outputs: asyncio.Queue[Any] = asyncio.Queue()
 
     def _put(self, item: StageItem) -> None:

@@ -22,6 +22,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from .._core import ForwardFn, PrewarmFn
+from .._flow import FlowLedger
 from .._inbox import InboxMessage, OutputsArrived, ShutdownCall
 from .._messages import OrchOutput
 from .._sink import StreamBase
@@ -44,8 +45,8 @@ class _Queue(AsyncioOutboxBase):
 
     __slots__ = ("_closed", "_queue")
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, flow: FlowLedger | None = None, request_id: str = "") -> None:
+        super().__init__(flow, request_id)
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._closed = False  # END_OF_OUTPUTS is on the queue (and stays there)
 
@@ -61,6 +62,17 @@ class _Queue(AsyncioOutboxBase):
 
     def ready(self) -> int:
         return self._queue.qsize() - self._closed
+
+    def discard(self, request_id: str) -> list[OrchOutput]:
+        outputs = self.take_ready()
+        dropped = [output for output in outputs if output.request_id == request_id]
+        for output in outputs:
+            if output.request_id != request_id:
+                self._queue.put_nowait(output)
+        if self._closed:  # END_OF_OUTPUTS goes last again
+            self._queue.get_nowait()
+            self._queue.put_nowait(END_OF_OUTPUTS)
+        return dropped
 
     def take_ready(self) -> list[OrchOutput]:
         outputs: list[OrchOutput] = []
@@ -109,8 +121,8 @@ class PlainAsyncioOrchestrator(AsyncioDriver, metaclass=NoPublicConstructor):
         return _Queue()
 
     @staticmethod
-    def _new_stream(request_id: str) -> tuple[PlainRequestStream, _Queue]:
-        outbox = _Queue()
+    def _new_stream(request_id: str, flow: FlowLedger) -> tuple[PlainRequestStream, _Queue]:
+        outbox = _Queue(flow, request_id)
         return PlainRequestStream._create(request_id, outbox), outbox  # noqa: SLF001 - its own factory
 
     async def _handle(self) -> None:
@@ -120,7 +132,7 @@ class PlainAsyncioOrchestrator(AsyncioDriver, metaclass=NoPublicConstructor):
         loop = asyncio.get_running_loop()
         try:
             while True:
-                deadline = core.next_deadline()
+                deadline = dispatch.next_deadline()
                 if deadline is None:
                     item = await inbox.get()
                 else:
@@ -135,7 +147,7 @@ class PlainAsyncioOrchestrator(AsyncioDriver, metaclass=NoPublicConstructor):
                         core.receive_output(stage_id, outputs)
                 elif item is not None:
                     dispatch.apply(item)
-                core.expire()
+                dispatch.expire(core.now)
                 dispatch.flush()  # each output onto its consumer's queue
                 if type(item) is ShutdownCall:
                     self._end_deliveries()
@@ -178,9 +190,11 @@ async def open_plain_asyncio_orchestrator(
     stage_idle_timeout: float | None = None,
     max_in_flight: int | None = None,
     shutdown_grace: float = 5.0,
+    **bounds: Any,
 ) -> AsyncIterator[PlainAsyncioOrchestrator]:
     """The plain design around the core: arguments, API and shutdown are those of
-    :func:`~omni_trio.compare.open_asyncio_orchestrator`; only the hops differ."""
+    :func:`~omni_trio.compare.open_asyncio_orchestrator` (``bounds``: its
+    flow-control arguments); only the hops differ."""
     async with run_driver(
         PlainAsyncioOrchestrator._create,  # noqa: SLF001 - the module's own factory
         stages,
@@ -190,5 +204,6 @@ async def open_plain_asyncio_orchestrator(
         stage_idle_timeout=stage_idle_timeout,
         max_in_flight=max_in_flight,
         shutdown_grace=shutdown_grace,
+        **bounds,
     ) as orchestrator:
         yield orchestrator

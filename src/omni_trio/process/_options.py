@@ -16,6 +16,8 @@ __all__ = [
     "MIN_RING_BYTES",
     "RAY_PLACEMENT",
     "RING_BYTES",
+    "WINDOW",
+    "WINDOW_BYTES",
     "WorkerOptions",
 ]
 
@@ -31,6 +33,11 @@ INLINE_CHUNK_BYTES = 64 * 1024
 RING_BYTES = 4 * 1024 * 1024
 #: The smallest ring that may be configured.
 MIN_RING_BYTES = 64 * 1024
+#: Chunks a request may have sent and not yet read, per downstream stage (a link's
+#: window): the connector's and the config's default.
+WINDOW = 64
+#: Bytes of chunks a request may have sent and not yet read, per downstream stage.
+WINDOW_BYTES = 1 << 20
 
 
 def _amount(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
