@@ -15,12 +15,35 @@ from helpers import join_forward, warm
 from omni_trio import OrchOutput
 from omni_trio._core import StageCredit
 from omni_trio._flow import FlowLedger, FlowLimits
+from omni_trio._sink import OutboxBase
 from omni_trio._util import output_size
 
 KIB = 1024
 
 
-def ledger(limits=FlowLimits(1000, 10, 0), takes_credit=(True, True, True)):
+class ListOutbox(OutboxBase):
+    """An outbox with no framework: flushed batches go straight into the buffer."""
+
+    def _send_batch(self, batch):
+        self._take(batch)
+
+    def _close_channel(self):
+        pass
+
+    def _receive_batch_nowait(self):
+        return None
+
+    def take(self, count):
+        """The consumer takes ``count`` outputs (and settles, as before it waits)."""
+        taken = [self._buffer.popleft() for _ in range(count)]
+        self.reconcile()
+        return taken
+
+
+SMALL = FlowLimits(1000, 10, 0)
+
+
+def ledger(limits=SMALL, takes_credit=(True, True, True)):
     sent: list[StageCredit] = []
     flow = FlowLedger(
         len(takes_credit),
@@ -32,11 +55,25 @@ def ledger(limits=FlowLimits(1000, 10, 0), takes_credit=(True, True, True)):
     return flow, sent
 
 
+def stream_of(flow, request_id, finals=frozenset({0})):
+    flow.open(request_id, finals)
+    outbox = ListOutbox(flow, request_id)
+    flow.attach(outbox)
+    return outbox
+
+
+def flush(outbox, *outputs, at=0.0):
+    outbox.flow.now = at
+    for output in outputs:
+        outbox.put(output)
+    outbox.flush()
+
+
 def out(request_id, stage_id, data, finished=False):
     return OrchOutput(request_id, stage_id, data, finished, "completed" if finished else None)
 
 
-# -- the ledger, sans-IO -------------------------------------------------------------------
+# -- the ledger and the outboxes, sans-IO ------------------------------------------------
 
 
 def test_the_counting_rule():
@@ -60,73 +97,81 @@ def test_a_requests_window_is_split_among_its_final_stages_that_take_credit():
     assert flow.first_credit(0, "t") is None  # not one of its final stages
 
 
-def test_credit_comes_back_once_half_a_window_is_read():
+def test_credit_comes_back_once_half_a_window_is_taken():
     flow, sent = ledger()
-    flow.open("r", frozenset({0}))
-    outputs = [out("r", 0, b"x" * 100) for _ in range(6)]
-    for output in outputs:
-        flow.put(output, 0.0)
+    outbox = stream_of(flow, "r")
+    for _ in range(6):
+        flush(outbox, out("r", 0, b"x" * 100))
     assert flow.unread() == ([6, 0, 0], [600, 0, 0])
-    flow.read(outputs[:4])
+    outbox.take(4)
     assert sent == []  # 4 of 10 outputs, 400 of 1000 bytes: under half of either
-    flow.read_one(outputs[4])  # 5 outputs: half the outputs' window
+    outbox.take(1)  # 5 outputs: half the outputs' window
     assert sent == [StageCredit(0, "r", 5, 500)]
-    flow.read_one(outputs[5])
+    outbox.take(1)
     assert sent == [StageCredit(0, "r", 5, 500)]  # owed: 1, 100
     assert flow.unread() == ([0, 0, 0], [0, 0, 0])
 
 
+def test_what_the_consumer_holds_is_unread_until_it_comes_back():
+    flow, sent = ledger()
+    outbox = stream_of(flow, "r")
+    flush(outbox, *(out("r", 0, b"y" * 100) for _ in range(5)))
+    outbox.in_hand = outbox.take_ready()  # taken as one batch, and being written out
+    outbox.reconcile()
+    assert (sent, flow.unread()) == ([], ([5, 0, 0], [500, 0, 0]))
+    outbox.in_hand = None  # it asks for more
+    outbox.reconcile()
+    assert sent == [StageCredit(0, "r", 5, 500)]
+
+
 def test_a_big_output_returns_its_bytes_at_once():
     flow, sent = ledger()
-    flow.open("r", frozenset({0}))
-    big = out("r", 0, "y" * 600)
-    flow.put(big, 0.0)
-    flow.read_one(big)
+    outbox = stream_of(flow, "r")
+    flush(outbox, out("r", 0, "y" * 600))
+    outbox.take(1)
     assert sent == [StageCredit(0, "r", 1, 600)]
 
 
-def test_an_ended_request_gets_no_credit_and_its_account_closes_once_read():
+def test_an_ended_request_gets_no_credit_and_its_account_closes_once_its_terminal_is_taken():
     flow, sent = ledger()
+    results = ListOutbox(flow)
+    flow.attach(results)
     flow.open("r", frozenset({0}))
-    outputs = [out("r", 0, b"z" * 300) for _ in range(3)] + [out("r", 0, b"end", True)]
-    for output in outputs:
-        flow.put(output, 0.0)
+    flush(results, *(out("r", 0, b"z" * 300) for _ in range(3)))
+    flow.end("r")  # the handler emits its terminal
+    results.put(out("r", 0, b"end", True))
+    results.note_terminal("r")
+    results.flush()
     assert len(flow) == 1
-    flow.read(outputs)
-    assert sent == []  # the terminal came before: the stage is done with it
+    results.take(3)
+    assert (sent, len(flow)) == ([], 1)  # its terminal waits: it still counts
+    results.take(1)
     assert len(flow) == 0
     assert flow.unread() == ([0, 0, 0], [0, 0, 0])
 
 
 def test_the_idle_clock_counts_only_outputs_waiting():
     flow, _ = ledger(FlowLimits(1000, 10, 5.0))
-    flow.open("r", frozenset({0}))
+    outbox = stream_of(flow, "r")
     assert flow.next_deadline() is None  # nothing waits: a slow producer is not idle
-    first, second = out("r", 0, "a"), out("r", 0, "b")
-    flow.put(first, 1.0)
-    flow.put(second, 4.0)
+    flush(outbox, out("r", 0, "a"), at=1.0)
+    flush(outbox, out("r", 0, "b"), at=4.0)
     assert flow.next_deadline() == 6.0
     assert flow.expire(5.9) == []
-    flow.read_one(first)  # the oldest was taken: the clock follows the next one
+    outbox.take(1)  # the oldest was taken: the clock follows the next one
     assert flow.expire(6.0) == []
     assert flow.next_deadline() == 9.0
     assert flow.expire(9.0) == ["r"]
     assert flow.expire(100.0) == []  # named once
+    assert flow.next_deadline() is None
 
 
-def test_discarded_outputs_return_no_credit_and_forget_closes_an_account():
+def test_a_closed_stream_stops_counting():
     flow, sent = ledger()
-    flow.open("r", frozenset({0}))
-    outputs = [out("r", 0, b"q" * 400) for _ in range(3)]
-    for output in outputs:
-        flow.put(output, 0.0)
-    flow.discard("r", outputs)
-    assert sent == []
-    assert flow.unread() == ([0, 0, 0], [0, 0, 0])
-    flow.forget("r")
-    assert len(flow) == 0
-    flow.put(out("r", 0, b"late"), 1.0)  # after its stream's block: not counted
-    assert flow.unread() == ([0, 0, 0], [0, 0, 0])
+    outbox = stream_of(flow, "r")
+    flush(outbox, *(out("r", 0, b"q" * 400) for _ in range(3)))
+    outbox.close_account()
+    assert (sent, len(flow), flow.unread()) == ([], 0, ([0, 0, 0], [0, 0, 0]))
 
 
 # -- every orchestrator, scripted stages ------------------------------------------------
@@ -170,17 +215,17 @@ async def test_credit_follows_the_consumer_of_a_stream(fw):
             stats = orch.statistics()
             assert (stats.unread_outputs, stats.unread_bytes) == ((4,), (12,))
             assert stage.granted("r") == (4, KIB)  # the window: nothing back yet
-            await stream.receive()
-            await stream.receive()
+            for _ in range(4):
+                assert (await stream.receive()).data == "tok"
             await fw.settle()
-            # The second output is still in the consumer's hands: one is read.
-            assert stage.granted("r") == (4, KIB)
-            assert orch.statistics().unread_outputs == (3,)
-            await stream.receive()  # two read: half the window comes back
-            await fw.settle()
-            assert stage.granted("r") == (6, KIB + 6)
-            await stage.emit("r", "end", finished=True)
-            assert [o.data async for o in stream] == ["tok", "end"]
+            assert stage.granted("r") == (4, KIB)  # it holds the last one
+            assert orch.statistics().unread_outputs == (1,)
+            async with fw.open_tasks() as tasks:
+                tasks.start_soon(stream.receive)  # it comes back, and waits
+                await fw.settle()
+                assert stage.granted("r") == (8, KIB + 12)  # all four read: credit back
+                assert orch.statistics().unread_outputs == (0,)
+                await stage.emit("r", "end", finished=True)
         stats = orch.statistics()
         assert (stats.unread_outputs, stats.unread_requests) == ((0,), 0)
 
@@ -220,10 +265,11 @@ async def test_the_shared_queue_counts_per_request(fw):
         assert orch.statistics().unread_bytes == (6,)
         taken = [await orch.next_output() for _ in range(4)]
         assert [o.request_id for o in taken] == ["a", "b", "a", "b"]
+        assert orch.statistics().unread_outputs == (0,)
+        await stage.emit("a", "more")  # settled when more comes (or the consumer waits)
         await fw.settle()
         assert stage.granted("a") == (6, KIB + 4)
         assert stage.granted("b") == (6, KIB + 2)
-        assert orch.statistics().unread_outputs == (0,)
 
 
 @both
@@ -240,7 +286,8 @@ async def test_an_output_left_unread_ends_its_request_at_the_idle_timeout(fw):
             assert orch.statistics().in_flight == 1
             await fw.sleep(2)
             assert orch.statistics().in_flight == 0
-            terminal = await stream.receive()  # what waited was dropped
+            assert [(await stream.receive()).data for _ in range(2)] == ["unread", b"audio"]
+            terminal = await stream.receive()
             assert terminal.finished
             assert terminal.finish_reason == "error"
             assert terminal.error == (
@@ -286,7 +333,8 @@ async def test_the_shared_queue_drops_only_the_idle_requests_outputs(fw):
         await orch.add_request("busy", "p")
         await stage.emit("busy", "b1")
         await fw.sleep(2.5)  # "idle" times out; "busy"'s output waited 2.5 s
-        assert (await orch.next_output()).data == "b1"  # "never read" was dropped
+        assert (await orch.next_output()).data == "never read"
+        assert (await orch.next_output()).data == "b1"
         ended = await orch.next_output()
         assert (ended.request_id, ended.finish_reason) == ("idle", "error")
         await stage.emit("busy", "b2", finished=True)
@@ -325,7 +373,8 @@ async def test_forward_mode_bounds_what_it_collects_for_the_next_stage(fw):
 )
 @both
 async def test_bad_bounds_are_refused_by_name(fw, name, value):
+    stages = [fw.ScriptedStage()]
     with pytest.raises(ValueError, match=name):
-        async with fw.open_orchestrator([fw.ScriptedStage()], {0}, prewarm_fn=warm, **{name: value}):
+        async with fw.open_orchestrator(stages, {0}, prewarm_fn=warm, **{name: value}):
             pass
 

@@ -28,7 +28,7 @@ from ._inbox import (
     StageDied,
     SubmitFailed,
 )
-from ._sink import Sink
+from ._sink import OutboxBase, Sink
 from ._util import describe
 
 __all__ = ["INBOX_SIZE", "MAX_BATCH", "Dispatcher", "Slots", "death_cause"]
@@ -87,7 +87,7 @@ class Dispatcher:
         stages: Sequence[object],
         *,
         send_command: Callable[[StageCommand], None],
-        results: Sink,
+        results: OutboxBase,
         slots: Slots | None,
         logger: logging.Logger = _logger,
         limits: FlowLimits,
@@ -107,6 +107,8 @@ class Dispatcher:
             send_credit=self._send_credit,
             credit=StageCredit,
         )
+        results.flow = self.flow
+        self.flow.attach(results)
         #: False once the shutdown's aborts went out: no more stage work.
         self.accepting = True
         #: Callers waiting for a drain to end or for an admission slot.
@@ -206,23 +208,17 @@ class Dispatcher:
             self._expire_idle(now)
 
     def _expire_idle(self, now: float) -> None:
-        """End the requests whose consumer left an output unread for too long; what
-        they had waiting is dropped (the error terminal says why)."""
+        """End the requests whose consumer left an output unread for too long."""
         core = self.core
-        flow = self.flow
-        timeout = flow.consumer_idle_timeout
-        for request_id in flow.expire(now):
+        timeout = self.flow.consumer_idle_timeout
+        for request_id in self.flow.expire(now):
             st = core.state(request_id)
-            if st is None:
-                continue
-            flow.end(request_id)
-            sink = self.streams.get(request_id, self._results)
-            flow.discard(request_id, sink.discard(request_id))
-            core.fail(
-                request_id,
-                st.last_stage,
-                f"its consumer left an output unread for {timeout:g} s (consumer_idle_timeout)",
-            )
+            if st is not None:
+                core.fail(
+                    request_id,
+                    st.last_stage,
+                    f"its consumer left an output unread for {timeout:g} s (consumer_idle_timeout)",
+                )
 
     def apply(self, message: InboxMessage) -> None:
         core = self.core
@@ -260,6 +256,7 @@ class Dispatcher:
         self.flow.open(rid, message.finals)
         if message.sink is not None:  # before the flush: no output was routed yet
             self.streams[rid] = message.sink
+            self.flow.attach(message.sink)  # type: ignore[arg-type]
         if not self.accepting:  # queued before the shutdown, arrived after it
             self.core.abort(rid)
 
@@ -285,11 +282,10 @@ class Dispatcher:
         streams = self.streams
         results = self._results
         slots = self._slots
-        put = self.flow.put
-        now = core.now
+        flow = self.flow
+        flow.now = core.now
         touched: list[Sink] = []  # streams to flush (a request's outputs come in runs)
         for output in core.take_outputs():
-            put(output, now)
             stream = streams.get(output.request_id) if streams else None
             if stream is None:
                 results.put(output)
@@ -298,8 +294,11 @@ class Dispatcher:
                 if not touched or touched[-1] is not stream:
                     touched.append(stream)
             if output.finished:
+                flow.end(output.request_id)
                 if stream is not None:
                     del streams[output.request_id]
+                else:
+                    results.note_terminal(output.request_id)
                 if slots is not None:
                     slots.release()
         results.flush()  # one batch per destination per flush

@@ -1,30 +1,31 @@
 """Flow control per request: what each request's consumer has not taken yet.
 
 Sans-IO, shared by every driver (the Trio orchestrator, the asyncio twin and the
-plain design pay for it alike). The handler :meth:`~FlowLedger.put`\\ s every output it
-hands to a consumer; the consumer's side reports what it took (:meth:`~FlowLedger.read`)
--- a request's stream when its consumer comes back for more, so a batch still in
-the consumer's hands (a response being written to a socket) counts as unread until
-then; ``next_output()`` when it returns.
+plain design pay for it alike). Every output the handler hands to a consumer counts
+as *unread* until it is taken: from a request's stream (the batch or output its
+consumer took last still counts, until it comes back for more: a response blocked
+writing it to a socket has not read it), or from ``next_output()``'s queue. The
+outboxes keep the count per flushed batch (:class:`omni_trio._sink.OutboxBase`), so
+that taking an output costs nothing extra; this ledger turns what they settle into
+credit, and watches the clock.
 
 Each request may hold at most ``max_unread_outputs`` outputs and ``max_unread_bytes``
 bytes unread (:func:`~omni_trio._util.output_size` counts: the length of ``bytes``
-and ``str`` data, 0 for anything else). It is enforced with credit, as HTTP/2's flow
-control is: each final stage of a request that has a ``credit`` method gets the
+and ``str`` data, 0 for anything else). That is enforced with credit, as HTTP/2's
+flow control is: each final stage of a request that has a ``credit`` method gets the
 request's window (split evenly among its final stages) before its submit, spends it
 on each output it sends, and gets back what the consumer took once that is half its
 window (:class:`~omni_trio._core.StageCredit`). A stage out of credit holds that
 request's engine, and no other.
 
-The consumer's idleness is measured here too: an output that waited unread for
-``consumer_idle_timeout`` seconds makes :meth:`FlowLedger.expire` name its request,
-and the driver ends it with an error.
+An output that waited unread for ``consumer_idle_timeout`` seconds makes
+:meth:`FlowLedger.expire` name its request, and the driver ends the request with an
+error. A stage that is slow to produce is never idle: only an output waiting counts.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,7 @@ from ._util import output_size
 if TYPE_CHECKING:
     from ._core import StageCredit
     from ._messages import OrchOutput
+    from ._sink import OutboxBase
 
 __all__ = [
     "CONSUMER_IDLE_TIMEOUT",
@@ -57,8 +59,8 @@ MAX_FORWARD_BYTES = 256 * 1024 * 1024
 
 @attrs.frozen
 class FlowLimits:
-    """A request's bounds on what its consumer may leave unread (checked by
-    ``prepare``): ``open_orchestrator``'s arguments of these names."""
+    """A request's bounds on what its consumer may leave unread:
+    ``open_orchestrator``'s arguments of these names (checked by ``prepare``)."""
 
     max_unread_bytes: int = MAX_UNREAD_BYTES
     max_unread_outputs: int = MAX_UNREAD_OUTPUTS
@@ -78,25 +80,9 @@ class _Window:
         self.owed_bytes = 0
 
 
-class _Account:
-    """One request's outputs that its consumer has not taken."""
-
-    __slots__ = ("armed", "batches", "ended", "outputs", "stages", "windows")
-
-    def __init__(self, windows: dict[int, _Window] | None) -> None:
-        self.outputs = 0
-        #: Per stage: ``[outputs, bytes]`` unread.
-        self.stages: dict[int, list[int]] = {}
-        self.ended = False  # its terminal was put: no more credit, no idleness
-        self.windows = windows
-        #: When each handler flush put outputs, and how many of those are unread
-        #: (oldest first): the idle clock (only with a consumer_idle_timeout).
-        self.batches: deque[list[float]] = deque()
-        self.armed = False  # a timer of the ledger's heap may name it
-
-
 class FlowLedger:
-    """Every request's unread outputs, and the credit owed to its final stages.
+    """Every request's account (its credit windows), the outboxes that count its
+    unread outputs, and the idle clock.
 
     Args:
       num_stages: How many stages the pipeline has.
@@ -104,9 +90,12 @@ class FlowLedger:
           (``consumer_idle_timeout = 0``: forever).
       takes_credit: Per stage, whether it has a ``credit`` method.
       send_credit: Hands a :class:`~omni_trio._core.StageCredit` to its stage's
-          delivery queue (never blocks; called from the consumer's side).
+          delivery queue (never blocks; called from a consumer's side too).
       credit: Builds a :class:`~omni_trio._core.StageCredit` (the core's command;
-          passed in so this module imports nothing of the core).
+          passed in so that this module imports nothing of the core).
+
+    Attributes:
+      now: The driver's clock, as of its last handler step (a flushed batch's time).
     """
 
     def __init__(
@@ -123,29 +112,28 @@ class FlowLedger:
         self.max_unread_bytes = limits.max_unread_bytes
         #: ``None``: no idle check.
         self.consumer_idle_timeout = limits.consumer_idle_timeout or None
+        self.now = 0.0
+        self._num_stages = num_stages
         self._takes_credit = tuple(takes_credit)
         self._send_credit = send_credit
         self._credit = credit
-        self._num_stages = num_stages
-        self._accounts: dict[str, _Account] = {}
-        self._timers: list[tuple[float, int, str]] = []  # (deadline, seq, request id)
+        #: Per request admitted and not yet settled: its credit windows (``None``:
+        #: none, or no more: its terminal is out).
+        self._accounts: dict[str, dict[int, _Window] | None] = {}
+        self._credited = 0  # accounts with windows
+        self._outboxes: dict[int, OutboxBase] = {}  # by id(): every outbox counting
+        self._timers: list[tuple[float, int, OutboxBase]] = []  # (deadline, seq, outbox)
         self._seq = 0
 
     def __len__(self) -> int:
         """Requests with an account: in flight, or ended with outputs unread."""
         return len(self._accounts)
 
-    def unread(self) -> tuple[list[int], list[int]]:
-        """Per stage: the outputs given to consumers and not taken, and their bytes."""
-        outputs = [0] * self._num_stages
-        nbytes = [0] * self._num_stages
-        for account in self._accounts.values():
-            for stage_id, (count, size) in account.stages.items():
-                outputs[stage_id] += count
-                nbytes[stage_id] += size
-        return outputs, nbytes
+    # -- accounts -------------------------------------------------------------------------
 
-    # -- the handler's side ---------------------------------------------------------------
+    def attach(self, outbox: OutboxBase) -> None:
+        """Count ``outbox``'s unread outputs (``next_output()``'s, a stream's)."""
+        self._outboxes[id(outbox)] = outbox
 
     def open(self, request_id: str, finals: frozenset[int]) -> None:
         """A request is admitted with final stages ``finals``: open its account."""
@@ -157,142 +145,121 @@ class FlowLedger:
             for stage_id in finals
             if self._takes_credit[stage_id]
         }
-        self._accounts[request_id] = _Account(windows or None)
+        self._drop_windows(request_id)
+        self._accounts[request_id] = windows or None
+        self._credited += bool(windows)
 
     def first_credit(self, stage_id: int, request_id: str) -> StageCredit | None:
         """The credit to give stage ``stage_id`` before the request's submit: its whole
         window, if it is one of the request's final stages and takes credit."""
-        account = self._accounts.get(request_id)
-        if account is None or account.windows is None or account.ended:
-            return None
-        window = account.windows.get(stage_id)
+        windows = self._accounts.get(request_id)
+        window = None if windows is None else windows.get(stage_id)
         if window is None:
             return None
         return self._credit(stage_id, request_id, window.share_outputs, window.share_bytes)
 
-    def put(self, output: OrchOutput, now: float) -> None:
-        """The handler gave ``output`` to its consumer (at time ``now``)."""
-        account = self._accounts.get(output.request_id)
-        if account is None:
-            return  # its stream's block was left: nobody counts it any more
-        size = output_size(output.data)
-        account.outputs += 1
-        unread = account.stages.get(output.stage_id)
-        if unread is None:
-            account.stages[output.stage_id] = [1, size]
-        else:
-            unread[0] += 1
-            unread[1] += size
-        if output.finished:
-            account.ended = True
-            account.windows = None
-            account.batches.clear()
-        elif self.consumer_idle_timeout is not None:
-            batches = account.batches
-            if batches and batches[-1][0] == now:
-                batches[-1][1] += 1
-            else:
-                batches.append([now, 1])
-                if not account.armed:
-                    account.armed = True
-                    self._seq += 1
-                    deadline = now + self.consumer_idle_timeout
-                    heapq.heappush(self._timers, (deadline, self._seq, output.request_id))
-
     def end(self, request_id: str) -> None:
-        """The request is ending (its terminal is on its way): no more credit for it."""
-        account = self._accounts.get(request_id)
-        if account is not None:
-            account.ended = True
-            account.windows = None
-            account.batches.clear()
+        """The request's terminal is out: no more credit for it (its account stays
+        until its outputs are taken)."""
+        self._drop_windows(request_id)
+        if request_id in self._accounts:
+            self._accounts[request_id] = None
+
+    def forget(self, request_id: str, outbox: OutboxBase | None = None) -> None:
+        """Close the request's account (its terminal was taken, or its stream's block
+        is over), and stop counting its stream's ``outbox``."""
+        self._drop_windows(request_id)
+        self._accounts.pop(request_id, None)
+        if outbox is not None:
+            self._outboxes.pop(id(outbox), None)
+
+    def _drop_windows(self, request_id: str) -> None:
+        if self._accounts.get(request_id) is not None:
+            self._credited -= 1
+
+    # -- what the consumers took ------------------------------------------------------------
+
+    def read(self, outbox: OutboxBase, outputs: list[OrchOutput]) -> None:
+        """The consumer of ``outbox`` has taken ``outputs`` (one flushed batch, all
+        of it): give their stages the credit back, at half a window."""
+        if not self._credited:
+            return
+        accounts = self._accounts
+        if outbox.request_id:  # a stream: one request
+            windows = accounts.get(outbox.request_id)
+            if windows is None:
+                return
+            for output in outputs:
+                window = windows.get(output.stage_id)
+                if window is not None:
+                    self._owe(window, output)
+            return
+        for output in outputs:
+            windows = accounts.get(output.request_id)
+            if windows is not None:
+                window = windows.get(output.stage_id)
+                if window is not None:
+                    self._owe(window, output)
+
+    def _owe(self, window: _Window, output: OrchOutput) -> None:
+        window.owed_outputs += 1
+        window.owed_bytes += output_size(output.data)
+        if (
+            window.owed_outputs * 2 >= window.share_outputs
+            or window.owed_bytes * 2 >= window.share_bytes
+        ):
+            credit = self._credit(
+                output.stage_id, output.request_id, window.owed_outputs, window.owed_bytes
+            )
+            window.owed_outputs = window.owed_bytes = 0
+            self._send_credit(credit)
+
+    # -- the idle clock ---------------------------------------------------------------------
+
+    def arm(self, outbox: OutboxBase, deadline: float) -> None:
+        """Look at ``outbox`` at ``deadline`` (an output flushed into it may wait)."""
+        self._seq += 1
+        timers = self._timers
+        heapq.heappush(timers, (deadline, self._seq, outbox))
+        if len(timers) > 2 * len(self._outboxes) + 64:  # closed streams' timers: drop them
+            self._timers = [entry for entry in timers if self._counts(entry[2])]
+            heapq.heapify(self._timers)
+
+    def _counts(self, outbox: OutboxBase) -> bool:
+        """Whether ``outbox`` is still counted (a stream's block is not over)."""
+        return self._outboxes.get(id(outbox)) is outbox
 
     def next_deadline(self) -> float | None:
         """When :meth:`expire` may next have work (``None``: no output waits)."""
         return self._timers[0][0] if self._timers else None
 
     def expire(self, now: float) -> list[str]:
-        """The requests with an output unread for ``consumer_idle_timeout`` seconds
-        at ``now`` (each named once; the driver ends them)."""
+        """The requests with an output unread for ``consumer_idle_timeout`` seconds at
+        ``now`` (each output makes its request named once; the driver ends those
+        still in flight)."""
         timeout = self.consumer_idle_timeout
-        timers = self._timers
-        idle = []
-        while timers and timers[0][0] <= now:
-            _, _, request_id = heapq.heappop(timers)
-            account = self._accounts.get(request_id)
-            if account is None:
-                continue
-            if not account.batches:  # everything it had waiting was taken since
-                account.armed = False
+        idle: list[str] = []
+        while self._timers and self._timers[0][0] <= now:  # (arm may rebuild the heap)
+            _, _, outbox = heapq.heappop(self._timers)
+            if not self._counts(outbox):
                 continue
             assert timeout is not None
-            deadline = account.batches[0][0] + timeout
-            if deadline <= now:
-                account.armed = False
-                idle.append(request_id)
-            else:  # the outputs that waited were taken, younger ones wait: re-arm
-                self._seq += 1
-                heapq.heappush(timers, (deadline, self._seq, request_id))
+            names, again = outbox.idle(now - timeout)
+            idle += names
+            if again is None:
+                outbox.disarm()
+            else:
+                self.arm(outbox, again + timeout)
         return idle
 
-    # -- the consumer's side --------------------------------------------------------------
+    # -- statistics ---------------------------------------------------------------------------
 
-    def read_one(self, output: OrchOutput) -> None:
-        """The consumer took ``output`` (and is done with it)."""
-        account = self._accounts.get(output.request_id)
-        if account is not None:
-            self._read(account, output)
-
-    def read(self, outputs: Iterable[OrchOutput]) -> None:
-        """The consumer took ``outputs`` (and is done with them)."""
-        accounts = self._accounts
-        for output in outputs:
-            account = accounts.get(output.request_id)
-            if account is not None:
-                self._read(account, output)
-
-    def _read(self, account: _Account, output: OrchOutput) -> None:
-        size = output_size(output.data)
-        stage_id = output.stage_id
-        account.outputs -= 1
-        unread = account.stages[stage_id]
-        unread[0] -= 1
-        unread[1] -= size
-        batches = account.batches
-        if batches:
-            oldest = batches[0]
-            oldest[1] -= 1
-            if not oldest[1]:
-                batches.popleft()
-        windows = account.windows
-        if windows is not None:
-            window = windows.get(stage_id)
-            if window is not None:
-                window.owed_outputs += 1
-                window.owed_bytes += size
-                if (
-                    window.owed_outputs * 2 >= window.share_outputs
-                    or window.owed_bytes * 2 >= window.share_bytes
-                ):
-                    credit = self._credit(
-                        stage_id, output.request_id, window.owed_outputs, window.owed_bytes
-                    )
-                    window.owed_outputs = window.owed_bytes = 0
-                    self._send_credit(credit)
-        elif account.ended and not account.outputs:
-            self._accounts.pop(output.request_id, None)
-
-    def forget(self, request_id: str) -> None:
-        """Close the request's account, whatever it still counts: its stream's block
-        was left, and nothing of it will be read."""
-        self._accounts.pop(request_id, None)
-
-    def discard(self, request_id: str, outputs: Iterable[OrchOutput]) -> None:
-        """``outputs`` of the request will never be read (dropped, or skipped when its
-        stream's block was left); with no credit for them."""
-        account = self._accounts.get(request_id)
-        if account is None:
-            return
-        account.windows = None  # no credit back for what nobody read
-        for output in outputs:
-            self._read(account, output)
+    def unread(self) -> tuple[list[int], list[int]]:
+        """Per stage: the outputs given to consumers and not taken, and their bytes."""
+        outputs = [0] * self._num_stages
+        nbytes = [0] * self._num_stages
+        for outbox in self._outboxes.values():
+            for output in outbox.unread_outputs():
+                outputs[output.stage_id] += 1
+                nbytes[output.stage_id] += output_size(output.data)
+        return outputs, nbytes

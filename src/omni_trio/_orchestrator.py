@@ -194,9 +194,7 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
           trio.EndOfChannel: the orchestrator has shut down and every output it
               produced (including the shutdown's ``"aborted"`` terminals) was taken.
         """
-        output = await self._results.get()
-        self._flow.read_one(output)
-        return output
+        return await self._results.get()
 
     async def next_outputs(self) -> list[OrchOutput]:
         """Wait for the next output of a request admitted with :meth:`add_request`,
@@ -214,9 +212,7 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
           trio.EndOfChannel: the orchestrator has shut down and every output it
               produced (including the shutdown's ``"aborted"`` terminals) was taken.
         """
-        outputs = await self._results.get_batch()
-        self._flow.read(outputs)
-        return outputs
+        return await self._results.get_batch()
 
     async def abort(self, request_id: str) -> None:
         """End a request now.

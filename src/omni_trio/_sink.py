@@ -10,6 +10,7 @@ buffer; the asyncio twin's, through a queue); the bookkeeping lives here, once.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
@@ -31,25 +32,53 @@ class Sink(Protocol):
 
     def flush(self) -> None: ...
 
-    def discard(self, request_id: str) -> list[OrchOutput]: ...
-
 
 class OutboxBase:
     """One destination's bookkeeping: the handler ``put``\\ s and ``flush``\\ es, the
-    consumer ``get``\\ s (a driver's subclass supplies ``get`` and the channel)."""
+    consumer ``get``\\ s (a driver's subclass supplies ``get`` and the channel).
 
-    __slots__ = ("_buffer", "_in_channel", "_pending", "flow", "in_hand", "request_id")
+    Flow control (:mod:`omni_trio._flow`) is counted here per flush, not per output:
+    each batch the handler flushes is remembered with the time it was flushed (a
+    *parcel*) until its consumer has taken all of it. What was taken is derived from
+    what is still here -- the buffer, the channel, and a stream's :attr:`in_hand` --
+    so taking an output costs nothing more than it did; the parcels are settled
+    (:meth:`reconcile`) when the handler flushes more, when the consumer is about to
+    wait, and when the ledger looks at the clock.
+    """
+
+    __slots__ = (
+        "_armed",
+        "_buffer",
+        "_idle_seen",
+        "_in_channel",
+        "_parcels",
+        "_pending",
+        "_sent",
+        "_terminals",
+        "flow",
+        "in_hand",
+        "request_id",
+    )
 
     def __init__(self, flow: FlowLedger | None = None, request_id: str = "") -> None:
         self._pending: list[OrchOutput] = []  # the handler's, until the flush ends
         self._buffer: deque[OrchOutput] = deque()  # the consumer's
         self._in_channel = 0  # outputs sent in batches, not yet in the buffer
-        #: A stream's: the ledger its reads are reported to, and its request.
+        #: The ledger this outbox's reads are settled with; a stream's request id
+        #: ("": ``next_output()``'s outbox, of every request without a stream).
         self.flow = flow
         self.request_id = request_id
         #: A stream's: what its consumer took last, counted unread until it comes
         #: back for more (a batch being written to a socket is not read yet).
         self.in_hand: OrchOutput | list[OrchOutput] | None = None
+        #: Flushed batches not wholly taken, oldest first: (outputs, index of the
+        #: first, when flushed); and how many outputs were ever flushed.
+        self._parcels: deque[tuple[list[OrchOutput], int, float]] = deque()
+        self._sent = 0
+        #: next_output()'s outbox: (index, request id) of the terminals not taken yet.
+        self._terminals: deque[tuple[int, str]] = deque()
+        self._armed = False  # the ledger's idle clock has a timer for it
+        self._idle_seen = -math.inf  # batches flushed up to then were looked at
 
     # -- what a driver's subclass supplies --------------------------------------------
 
@@ -71,6 +100,8 @@ class OutboxBase:
 
     def flush(self) -> None:
         if self._pending:
+            if self.flow is not None:
+                self._parcel(self._pending)
             self._in_channel += len(self._pending)
             self._send_batch(self._pending)
             self._pending = []
@@ -79,6 +110,73 @@ class OutboxBase:
         """No more outputs: once the ones sent are taken, the consumer sees the end."""
         self.flush()
         self._close_channel()
+
+    # -- flow control -----------------------------------------------------------------
+
+    def _parcel(self, outputs: list[OrchOutput]) -> None:
+        """Remember a batch on its way to the consumer (the handler flushes it)."""
+        flow = self.flow
+        assert flow is not None
+        if self._parcels or self._terminals:
+            self.reconcile()
+        self._parcels.append((outputs, self._sent, flow.now))
+        self._sent += len(outputs)
+        if not self._armed and flow.consumer_idle_timeout is not None:
+            self._armed = True
+            flow.arm(self, flow.now + flow.consumer_idle_timeout)
+
+    def note_terminal(self, request_id: str) -> None:
+        """The request's terminal was just put here (``next_output()``'s outbox): its
+        account closes once the consumer took it."""
+        self._terminals.append((self._sent + len(self._pending) - 1, request_id))
+
+    def unread(self) -> int:
+        """Outputs flushed here that the consumer has not taken (or holds)."""
+        hand = self.in_hand
+        held = 0 if hand is None else len(hand) if type(hand) is list else 1
+        return len(self._buffer) + self._in_channel + held
+
+    def reconcile(self) -> None:
+        """Settle the batches the consumer has taken all of (their credit goes back)
+        and the terminals it took (their requests' accounts close)."""
+        parcels = self._parcels
+        terminals = self._terminals
+        if not parcels and not terminals:
+            return
+        taken = self._sent - self.unread()
+        flow = self.flow
+        assert flow is not None
+        while parcels and parcels[0][1] + len(parcels[0][0]) <= taken:
+            flow.read(self, parcels.popleft()[0])
+        while terminals and terminals[0][0] < taken:
+            flow.forget(terminals.popleft()[1])
+
+    def idle(self, before: float) -> tuple[list[str], float | None]:
+        """The requests with an output flushed at or before ``before`` and not taken
+        (each batch is looked at once), and when the next batch not looked at was
+        flushed (``None``: none waits)."""
+        self.reconcile()
+        taken = self._sent - self.unread()
+        names: list[str] = []
+        for outputs, first, flushed in self._parcels:
+            if flushed <= self._idle_seen:
+                continue
+            if flushed > before:
+                return list(dict.fromkeys(names)), flushed
+            names += (o.request_id for o in outputs[max(0, taken - first) :])
+            self._idle_seen = flushed
+        return list(dict.fromkeys(names)), None
+
+    def disarm(self) -> None:
+        self._armed = False
+
+    def unread_outputs(self) -> list[OrchOutput]:
+        """Every output flushed here and not taken (or held), for statistics."""
+        while (batch := self._receive_batch_nowait()) is not None:
+            self._take(batch)
+        hand = self.in_hand
+        held = [] if hand is None else hand if type(hand) is list else [hand]
+        return [*held, *self._buffer]
 
     # -- the consumer's side ------------------------------------------------------------
 
@@ -102,44 +200,13 @@ class OutboxBase:
         """The next output, waiting for one (a driver's subclass supplies it)."""
         raise NotImplementedError
 
-    def discard(self, request_id: str) -> list[OrchOutput]:
-        """Take out every output of ``request_id`` not taken yet (its request ends
-        without them), and return them; the others stay, in order."""
-        self.flush()
-        while (batch := self._receive_batch_nowait()) is not None:
-            self._take(batch)
-        buffer = self._buffer
-        dropped = [output for output in buffer if output.request_id == request_id]
-        if dropped:
-            kept = [output for output in buffer if output.request_id != request_id]
-            buffer.clear()
-            buffer.extend(kept)
-        return dropped
-
-    # -- a stream's reads, for flow control -----------------------------------------------
-
-    def give_back(self) -> None:
-        """The stream's consumer came back for more: what it held is read."""
-        hand, self.in_hand = self.in_hand, None
-        flow = self.flow
-        if flow is not None:
-            if type(hand) is list:
-                flow.read(hand)
-            else:
-                flow.read_one(hand)  # type: ignore[arg-type]
-
-    def _skipped(self, outputs: list[OrchOutput]) -> None:
-        if self.flow is not None and outputs:
-            self.flow.discard(self.request_id, outputs)
-
     # -- a stream's block left early (``open_request``'s cleanup) -----------------------
 
     def skip_to_terminal(self) -> OrchOutput | None:
         """Skip the outputs that arrived and were not read, up to the terminal; return
         the terminal if it was among them."""
-        outputs = self.take_ready()
-        self._skipped(outputs)
-        for output in outputs:
+        self.in_hand = None
+        for output in self.take_ready():
             if output.finished:
                 return output
         return None
@@ -149,7 +216,6 @@ class OutboxBase:
         the wait)."""
         while True:
             output = await self.get()
-            self._skipped([output])
             if output.finished:
                 return output
 
@@ -157,16 +223,15 @@ class OutboxBase:
         """The stream's block is over: its request's account closes, whatever it
         still counts (what its consumer held, what nobody will read)."""
         self.in_hand = None
+        self._parcels.clear()
         if self.flow is not None:
-            self.flow.forget(self.request_id)
+            self.flow.forget(self.request_id, self)
 
 
 class _Outbox(Sink, Protocol):
     """What a stream needs from its driver's outbox (and the handler, as a sink)."""
 
     in_hand: OrchOutput | list[OrchOutput] | None
-
-    def give_back(self) -> None: ...
 
     async def get(self) -> OrchOutput: ...
 
@@ -208,8 +273,7 @@ class StreamBase:
 
     async def __anext__(self) -> OrchOutput:
         outbox = self._outbox
-        if outbox.in_hand is not None:
-            outbox.give_back()
+        outbox.in_hand = None  # it came back for more: what it held is read
         if self.terminal is not None:
             await outbox.checkpoint()
             raise StopAsyncIteration
@@ -233,8 +297,7 @@ class StreamBase:
               was already received.
         """
         outbox = self._outbox
-        if outbox.in_hand is not None:
-            outbox.give_back()
+        outbox.in_hand = None  # it came back for more: what it held is read
         if self.terminal is not None:
             await outbox.checkpoint()
             raise outbox.end_of_stream()

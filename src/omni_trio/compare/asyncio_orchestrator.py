@@ -186,6 +186,7 @@ class _Outbox(AsyncioOutboxBase):
         while not self._buffer:
             if self._closed:
                 raise EndOfOutputs("the orchestrator has shut down")
+            self.reconcile()  # what it took is settled before it waits
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             try:
@@ -314,7 +315,6 @@ class AsyncioDriver(OrchestratorBase):
           EndOfOutputs: after shutdown, once every output was taken.
         """
         output: OrchOutput = await self._results.get()
-        self._flow.read_one(output)
         return output
 
     async def abort(self, request_id: str) -> None:
@@ -481,9 +481,7 @@ class AsyncioOrchestrator(AsyncioDriver, metaclass=NoPublicConstructor):
         Raises:
           EndOfOutputs: after shutdown, once every output was taken.
         """
-        outputs = await self._results.get_batch()
-        self._flow.read(outputs)
-        return outputs
+        return await self._results.get_batch()
 
     async def _handle(self) -> None:
         dispatch = self._dispatch

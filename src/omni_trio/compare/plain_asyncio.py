@@ -51,6 +51,8 @@ class _Queue(AsyncioOutboxBase):
         self._closed = False  # END_OF_OUTPUTS is on the queue (and stays there)
 
     def put(self, output: OrchOutput) -> None:
+        if self.flow is not None:
+            self._parcel([output])  # one output per hop: one per batch, too
         self._queue.put_nowait(output)
 
     def flush(self) -> None:
@@ -63,16 +65,21 @@ class _Queue(AsyncioOutboxBase):
     def ready(self) -> int:
         return self._queue.qsize() - self._closed
 
-    def discard(self, request_id: str) -> list[OrchOutput]:
+    def unread(self) -> int:
+        hand = self.in_hand
+        held = 0 if hand is None else len(hand) if type(hand) is list else 1
+        return self._queue.qsize() - self._closed + held
+
+    def unread_outputs(self) -> list[OrchOutput]:
         outputs = self.take_ready()
-        dropped = [output for output in outputs if output.request_id == request_id]
-        for output in outputs:
-            if output.request_id != request_id:
-                self._queue.put_nowait(output)
-        if self._closed:  # END_OF_OUTPUTS goes last again
+        for output in outputs:  # back in place, in order (END_OF_OUTPUTS last)
+            self._queue.put_nowait(output)
+        if self._closed:
             self._queue.get_nowait()
             self._queue.put_nowait(END_OF_OUTPUTS)
-        return dropped
+        hand = self.in_hand
+        held = [] if hand is None else hand if type(hand) is list else [hand]
+        return [*held, *outputs]
 
     def take_ready(self) -> list[OrchOutput]:
         outputs: list[OrchOutput] = []
@@ -87,6 +94,8 @@ class _Queue(AsyncioOutboxBase):
             outputs.append(output)
 
     async def get(self) -> OrchOutput:
+        if self._queue.empty():
+            self.reconcile()  # what it took is settled before it waits
         output = await self._queue.get()
         if output is END_OF_OUTPUTS:
             self._queue.put_nowait(END_OF_OUTPUTS)
