@@ -56,7 +56,7 @@ LAYERS = [
     layer("core", {"_core"}, {"foundations"}),
     layer(
         "neutral driver",
-        {"_sink", "_inbox", "_dispatch", "_driver", "_scripted"},
+        {"_sink", "_flow", "_inbox", "_dispatch", "_driver", "_scripted"},
         {"foundations", "core"},
     ),
     layer(
@@ -83,7 +83,9 @@ LAYERS = [
         },
         {"foundations", "worker", "worker options"},
     ),
-    layer("configs", {"config"}, {"foundations", "worker options"}),
+    # A config's defaults are the orchestrator's (the core's and the flow's bounds)
+    # and the workers' own.
+    layer("configs", {"config"}, {"foundations", "core", "neutral driver", "worker options"}),
     # A configured pipeline: its stages (process._pipeline), and the orchestrator
     # over them (_pipeline, omni_trio.open_pipeline).
     layer("pipelines", {"process._pipeline", "_pipeline", "process", ""}, BELOW),

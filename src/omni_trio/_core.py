@@ -21,11 +21,11 @@ from typing import Any, Literal, TypeAlias
 import attrs
 
 from ._checks import check_positive_int, check_seconds
-from ._flow import MAX_FORWARD_BYTES
 from ._messages import OrchOutput, RequestMetrics, StageOutput
 from ._util import describe, output_size, stage_label
 
 __all__ = [
+    "MAX_FORWARD_BYTES",
     "ForwardFn",
     "Mode",
     "OrchestratorCore",
@@ -39,6 +39,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger("omni_trio")
+
+#: Forward mode: bytes of one stage's outputs collected for the next stage (256 MiB).
+MAX_FORWARD_BYTES = 256 * 1024 * 1024
 
 Mode = Literal["forward", "async_chunk"]
 PrewarmFn: TypeAlias = Callable[[int, Any], Any]

@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONSUMER_IDLE_TIMEOUT",
-    "MAX_FORWARD_BYTES",
     "MAX_UNREAD_BYTES",
     "MAX_UNREAD_OUTPUTS",
     "FlowLedger",
@@ -53,8 +52,6 @@ MAX_UNREAD_BYTES = 4 * 1024 * 1024
 MAX_UNREAD_OUTPUTS = 1024
 #: Seconds an output may wait unread before its request ends with an error.
 CONSUMER_IDLE_TIMEOUT = 60.0
-#: Forward mode: bytes of one stage's outputs collected for the next stage (256 MiB).
-MAX_FORWARD_BYTES = 256 * 1024 * 1024
 
 
 @attrs.frozen

@@ -27,17 +27,11 @@ import trio
 from trio_util import AsyncValue
 
 from ._checks import check_request_id
-from ._core import ForwardFn, OrchestratorCore, PrewarmFn, StageCommand
+from ._core import MAX_FORWARD_BYTES, ForwardFn, OrchestratorCore, PrewarmFn, StageCommand
 from ._dispatch import INBOX_SIZE, MAX_BATCH, death_cause
 from ._driver import OrchestratorBase, prepare
 from ._errors import unwrap_single_exception
-from ._flow import (
-    CONSUMER_IDLE_TIMEOUT,
-    MAX_FORWARD_BYTES,
-    MAX_UNREAD_BYTES,
-    MAX_UNREAD_OUTPUTS,
-    FlowLimits,
-)
+from ._flow import CONSUMER_IDLE_TIMEOUT, MAX_UNREAD_BYTES, MAX_UNREAD_OUTPUTS, FlowLimits
 from ._inbox import (
     AbortRequest,
     AdmitRequest,

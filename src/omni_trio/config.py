@@ -51,12 +51,8 @@ from typing import Annotated, Any, Literal
 import attrs
 import msgspec
 
-from ._flow import (
-    CONSUMER_IDLE_TIMEOUT,
-    MAX_FORWARD_BYTES,
-    MAX_UNREAD_BYTES,
-    MAX_UNREAD_OUTPUTS,
-)
+from ._core import MAX_FORWARD_BYTES
+from ._flow import CONSUMER_IDLE_TIMEOUT, MAX_UNREAD_BYTES, MAX_UNREAD_OUTPUTS
 from ._util import import_object
 from .process._options import (
     INLINE_CHUNK_BYTES,
