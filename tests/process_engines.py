@@ -285,3 +285,21 @@ def loaded_modules():
         yield sorted(sys.modules)
 
     return engine
+
+
+def counts(size: int = 10, delay: float = 0.0):
+    """Yields ``request.inputs`` outputs of ``size`` bytes (``-1``: for ever), as fast
+    as it may; streams each downstream too, when connected."""
+
+    async def engine(request, io):
+        i = 0
+        while i != request.inputs:
+            data = b"%d" % (i % 10) * size
+            if io.connected:
+                await io.send(data)
+            yield data
+            i += 1
+            if delay:
+                await trio.sleep(delay)
+
+    return engine

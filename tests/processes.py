@@ -50,7 +50,13 @@ def pipeline_config(*stages, **pipeline):
 
 
 def pipeline_text(
-    *stages, async_chunk=True, inline_chunk_bytes=None, ring_bytes=None, ray_address=None
+    *stages,
+    async_chunk=True,
+    inline_chunk_bytes=None,
+    ring_bytes=None,
+    window=None,
+    window_bytes=None,
+    ray_address=None,
 ):
     """:func:`pipeline_config`'s TOML (and ``ray_address``, for Ray stages)."""
     text = f"""
@@ -62,6 +68,10 @@ connector = "{"shm" if async_chunk else "none"}"
         text += f"inline_chunk_bytes = {inline_chunk_bytes}\n"
     if ring_bytes is not None:
         text += f"ring_bytes = {ring_bytes}\n"
+    if window is not None:
+        text += f"window = {window}\n"
+    if window_bytes is not None:
+        text += f"window_bytes = {window_bytes}\n"
     if ray_address is not None:
         text += f'ray_address = "{ray_address}"\n'
     for sid, (engine, args, final, extra) in enumerate(stages):

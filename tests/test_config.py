@@ -9,6 +9,7 @@ import pytest
 from omni_trio import open_orchestrator
 from omni_trio.config import ConfigError, load_pipeline, parse_pipeline
 from omni_trio.demo.runner import template
+from omni_trio.process._options import WINDOW, WINDOW_BYTES
 
 GOOD = """
 [pipeline]
@@ -155,6 +156,15 @@ def test_the_demo_pipeline_loads_and_builds_its_functions():
             ('name = "tiny"', 'name = "tiny"\ninline_chunk_bytes = 16777217'),
             r"pipeline\.inline_chunk_bytes: Expected `int` <= 16777216",
         ),
+        (('name = "tiny"', 'name = "tiny"\nwindow = 0'), r"pipeline\.window: Expected `int` >= 1"),
+        (
+            ('name = "tiny"', 'name = "tiny"\nwindow = 65537'),
+            r"pipeline\.window: Expected `int` <= 65536",
+        ),
+        (
+            ('name = "tiny"', 'name = "tiny"\nwindow_bytes = 0'),
+            r"pipeline\.window_bytes: Expected `int` >= 1",
+        ),
         (("[[stages]]", "[[stage]]"), r"unknown field `stage`"),
         (("[pipeline]", "[pipeline"), "not valid TOML"),
     ],
@@ -281,6 +291,16 @@ async def test_open_process_stage_wants_worker_options():
     with pytest.raises(TypeError, match="options must be a WorkerOptions, got"):
         async with open_process_stage("process_engines:stream", options={"restart": True}):
             pytest.fail("must not start")  # pragma: no cover
+
+
+def test_the_windows_default_to_the_connectors():
+    """``[pipeline] window`` and ``window_bytes`` (tests/test_connector.py sees them
+    reach the workers)."""
+    section = parse_pipeline(GOOD).pipeline
+    assert (section.window, section.window_bytes) == (WINDOW, WINDOW_BYTES) == (64, 1 << 20)
+    text = GOOD.replace('name = "tiny"', 'name = "tiny"\nwindow = 8\nwindow_bytes = 4096')
+    section = parse_pipeline(text).pipeline
+    assert (section.window, section.window_bytes) == (8, 4096)
 
 
 def test_inline_chunk_bytes_reaches_the_connector_and_defaults_to_64_kib():

@@ -9,9 +9,9 @@ import pytest
 import trio
 
 from omni_trio.process import WorkerOptions, open_inprocess_stage, open_shm_connector
-from omni_trio.process._options import MIN_RING_BYTES
+from omni_trio.process._options import MAX_WINDOW, MIN_RING_BYTES, WINDOW, WINDOW_BYTES
 from omni_trio.process.worker import _shm
-from processes import eventually
+from processes import eventually, pipeline_config, running
 
 
 class FakeWorker:
@@ -119,6 +119,10 @@ async def test_leaving_the_block_forgets_every_worker_and_sweeps_the_prefix():
     [
         ({"inline_chunk_bytes": -1}, "inline_chunk_bytes must be >= 0, got -1"),
         ({"ring_bytes": MIN_RING_BYTES - 1}, f"ring_bytes must be >= {MIN_RING_BYTES}, got"),
+        ({"window": 0}, f"window must be an integer from 1 to {MAX_WINDOW}, got 0"),
+        ({"window": MAX_WINDOW + 1}, f"window must be an integer from 1 to {MAX_WINDOW}, got"),
+        ({"window": 2.0}, "window must be an integer from 1 to"),
+        ({"window_bytes": 0}, "window_bytes must be an integer >= 1, got 0"),
     ],
 )
 async def test_sizes_out_of_range_are_refused(kwargs, message):
@@ -171,3 +175,45 @@ async def test_the_stages_of_one_admission_share_a_life_and_a_reused_id_gets_a_n
         assert second > first
         connector.end("r", first)  # stage 1's late release of the first life
         assert connector.life("r") == second  # stage 1's submit joins the second
+
+
+async def test_the_connector_knows_the_window_and_each_stage_its_senders_wait_for():
+    async with open_shm_connector({0: [1, 2]}) as connector:
+        assert (connector.window, connector.window_bytes) == (WINDOW, WINDOW_BYTES)
+        connector.add_stage(1, "stage 1 (talker)", 5.0)
+        assert connector.target_labels(0) == {1: "stage 1 (talker)", 2: "stage 2"}
+        default = WorkerOptions().startup_timeout
+        assert connector.target_startup_timeouts(0) == {1: 5.0, 2: default}
+        assert connector.target_labels(1) == {}
+    async with open_shm_connector({0: [1]}, window=3, window_bytes=100) as connector:
+        assert (connector.window, connector.window_bytes) == (3, 100)
+
+
+INPROCESS = '[stages.runtime]\nbackend = "inprocess"'
+
+
+@pytest.mark.parametrize(
+    ("keys", "size", "held_at"),
+    [({"window": 3}, 64, 3), ({"window_bytes": 2500}, 1000, 2)],
+    ids=["window", "window_bytes"],
+)
+async def test_the_configs_window_reaches_the_workers(tmp_path, keys, size, held_at):
+    """``[pipeline] window`` and ``window_bytes``: a request whose reader does not
+    read stops after that many chunks (or bytes of inline chunks); in-process stages."""
+    gate = tmp_path / "never"
+    config = pipeline_config(
+        ("sends", f"{{ sizes = [{size}], repeat = 20, start = 0.1 }}", True, INPROCESS),
+        ("reads", f'{{ gate = "{gate}" }}', True, INPROCESS),
+        **keys,
+    )
+    async with running(config) as (pipeline, orch):
+        connector = pipeline.connector
+        expected = {"window": WINDOW, "window_bytes": WINDOW_BYTES, **keys}
+        assert (connector.window, connector.window_bytes) == tuple(expected.values())
+        async with orch.open_request("p", request_id="held") as stream:
+            progress = []
+            with trio.move_on_after(0.5):  # long enough to send them all, unheld
+                async for out in stream:
+                    if out.stage_id == 0 and out.data is not None:
+                        progress.append(out.data)
+            assert progress == list(range(1, held_at + 1))

@@ -42,8 +42,11 @@ def config(
     ring_bytes=None,
     sender="",
     reader="",
+    read_delay=0.0,
 ):
-    reader_args = "{}" if gate is None else f'{{ gate = "{gate}" }}'
+    reader_args = f"{{ delay = {read_delay} }}"
+    if gate is not None:
+        reader_args = f'{{ gate = "{gate}", delay = {read_delay} }}'
     return pipeline_config(
         ("sends", f"{{ sizes = {sizes}, repeat = {repeat}, start = {start} }}", True, sender),
         ("reads", reader_args, True, reader),
@@ -277,6 +280,33 @@ async def test_a_full_ring_makes_its_sender_wait_and_resume(tmp_path):
             gate.touch()
             await held.to_the_end()
         assert_whole(held, [size] * count)
+
+
+async def test_a_request_whose_big_chunks_are_never_read_holds_half_the_ring_at_most(tmp_path):
+    """Two requests of 1 MiB chunks on one link (4 MiB ring: three slots): "free" is
+    streaming, its reader lagging (the ring full of its chunks), when "held" starts,
+    whose chunks are never read. "held" gets the next slot that comes back, and no
+    more (half the ring: one slot) while "free" streams; "free" goes on in its half
+    and completes. (Once it has, "held" is alone and may take the rest.)"""
+    gate = tmp_path / "never"
+    size = 1 << 20
+    count = 40
+    async with running(config([size], repeat=count, start=0.3, gate=gate, read_delay=0.02)) as (
+        pipeline,
+        orch,
+    ):
+        async with orch.open_request("p", request_id="free") as stream:
+            free = Outputs(stream)
+            await free.until(lambda: len(free.read) >= 1)  # streaming, the ring full
+            async with orch.open_request("p", request_id="held") as held_stream:
+                held = Outputs(held_stream)
+                await held.until(lambda: held.progress >= 1)
+                await free.until(lambda: free.progress >= 10)  # 30 more: 0.6 s at least
+                assert await held.stalled(0.1)
+                assert (held.progress, held.read) == (1, [])  # one slot: its half
+                await free.to_the_end()
+                assert_whole(free, [size] * count)
+        assert len(_shm.listing(pipeline.prefix)) == 1
 
 
 async def test_a_text_only_request_does_not_hold_its_sender_up(tmp_path):

@@ -9,6 +9,7 @@ then real workers, whose engines are held.
 from __future__ import annotations
 
 import pytest
+import trio
 
 from frameworks import batched, both
 from helpers import join_forward, warm
@@ -17,6 +18,7 @@ from omni_trio._core import StageCredit
 from omni_trio._flow import FlowLedger, FlowLimits
 from omni_trio._sink import OutboxBase
 from omni_trio._util import output_size
+from processes import pipeline_config, running
 
 KIB = 1024
 
@@ -378,3 +380,43 @@ async def test_bad_bounds_are_refused_by_name(fw, name, value):
         async with fw.open_orchestrator(stages, {0}, prewarm_fn=warm, **{name: value}):
             pass
 
+
+# -- real workers -------------------------------------------------------------------------
+
+HELD = {"max_unread_outputs": 32, "max_unread_bytes": 20_000, "consumer_idle_timeout": 0}
+
+
+@pytest.mark.parametrize("async_chunk", [False, True], ids=["forward", "async_chunk"])
+async def test_a_stream_that_stops_reading_holds_its_engines_and_no_others(async_chunk):
+    """A request whose consumer reads one output and stops: its final stage's engine
+    is held at the bound (in async_chunk mode, its upstream through the link window),
+    while 10 other requests on the same stages complete."""
+    if async_chunk:
+        stages = [("counts", "{ size = 1000 }", False, ""), ("relay", "{}", True, "")]
+    else:
+        stages = [("counts", "{ size = 1000 }", True, "")]
+    config = pipeline_config(*stages, async_chunk=async_chunk)
+    async with running(config, **HELD) as (_, orch):
+        async with orch.open_request(-1, request_id="stuck") as stuck:
+            await stuck.receive()  # it runs; then its consumer reads nothing more
+            for _ in range(3):
+                await trio.sleep(0.2)
+                stats = orch.statistics()
+                assert 0 < stats.total_unread_bytes <= HELD["max_unread_bytes"]
+                assert stats.total_unread_outputs <= HELD["max_unread_outputs"]
+
+            async def other(number):
+                async with orch.open_request(200, request_id=f"r{number}") as stream:
+                    outs = [o async for o in stream]
+                assert outs[-1].finish_reason == "completed"
+                assert len(outs) == 201
+
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    for number in range(10):
+                        nursery.start_soon(other, number)
+            stats = orch.statistics()
+            assert stats.in_flight == 1  # the stuck one, held, not failed
+            assert stats.total_unread_bytes <= HELD["max_unread_bytes"]
+        stats = orch.statistics()
+        assert (stats.in_flight, stats.unread_requests, stats.total_unread_outputs) == (0, 0, 0)

@@ -11,12 +11,13 @@ import pytest
 import trio
 import trio.testing
 
+from omni_trio.process import ReaderUnavailableError, WorkerOptions
 from omni_trio.process._options import MIN_RING_BYTES
 from omni_trio.process.worker import _framing as framing
 from omni_trio.process.worker import _shm
 from omni_trio.process.worker import _wire as wire
 from omni_trio.process.worker._links import OutLink, ring_tag
-from omni_trio.process.worker._ring import RingReader
+from omni_trio.process.worker._ring import HEADER, RingReader
 from omni_trio.process.worker._transport import listen_address
 
 pytestmark = pytest.mark.usefixtures("prefix")
@@ -291,10 +292,186 @@ async def test_every_request_waiting_for_ring_space_resumes_when_it_is_freed(pre
         assert s.done == 0
         _, *chunks = await peer.frames(1 + held)
         await peer.ack({"r": held}, [c.offset for c in chunks])
+        assert s.done == 1
+        assert r.done > held
+        # "r" goes on within its half of the ring, as its slots come back.
         with trio.fail_after(5):
-            await r.finished.wait()
-            await s.finished.wait()
+            while not r.finished.is_set():
+                chunk = await peer.frame()
+                await peer.ack({chunk.request_id: 1}, [chunk.offset])
         assert (r.done, s.done, r.error, s.error) == (5, 1, None, None)
+
+
+# -- the ring's half share ---------------------------------------------------------------------
+
+#: A chunk whose slot is an eighth of a MIN_RING_BYTES ring: half the ring is four.
+EIGHTH = MIN_RING_BYTES // 8 - HEADER
+
+
+def slots(size: int) -> int:
+    """A chunk whose slot takes ``size`` bytes of the ring."""
+    return size - HEADER
+
+
+@asynccontextmanager
+async def ring_link(prefix: str):
+    async with connected(prefix, inline_chunk_bytes=0, ring_bytes=MIN_RING_BYTES) as linked:
+        yield linked
+
+
+async def test_while_two_requests_are_on_the_ring_neither_takes_more_than_half(prefix):
+    async with ring_link(prefix) as (link, peer, nursery):
+        await link.send("r", 0, memoryview(bytes(EIGHTH)))
+        s = Sends(link, "s", [bytes(EIGHTH)] * 6)
+        nursery.start_soon(s.run)
+        await settle()
+        assert s.done == 4  # half the ring, with three eighths of it free
+        r = Sends(link, "r", [bytes(EIGHTH)] * 4, first_seq=1)
+        nursery.start_soon(r.run)
+        await settle()
+        assert r.done == 3  # "r" fills its half too: the ring is full
+        _, *chunks = await peer.frames(1 + 1 + 4 + 3)
+        of = {rid: [c.offset for c in chunks if c.request_id == rid] for rid in "rs"}
+        await peer.ack({"s": 1}, of["s"][:1])
+        assert (s.done, r.done) == (5, 3)  # "s" has room in its half again; "r" has not
+        await peer.ack({"r": 1}, of["r"][:1])
+        assert (s.done, r.done) == (5, 4)
+        assert (r.error, s.error) == (None, None)
+
+
+async def test_a_request_alone_takes_the_whole_ring_and_gives_way_to_the_next(prefix):
+    """Alone, a request fills the ring; once another waits for room, the slots that
+    come back go to it, until the first is down to its half."""
+    async with ring_link(prefix) as (link, peer, nursery):
+        r = Sends(link, "r", [bytes(EIGHTH)] * 10)
+        nursery.start_soon(r.run)
+        await settle()
+        assert r.done == 8  # all of it
+        s = Sends(link, "s", [bytes(EIGHTH)] * 2)
+        nursery.start_soon(s.run)
+        await settle()
+        assert s.done == 0
+        _, *chunks = await peer.frames(1 + 8)
+        for done, chunk in enumerate(chunks[:2], 1):
+            await peer.ack({"r": 1}, [chunk.offset])
+            assert (r.done, s.done) == (8, done)  # not back to "r": it holds 7 eighths
+        for chunk in chunks[2:4]:
+            await peer.ack({"r": 1}, [chunk.offset])
+            assert r.done == 8  # holding four: its half
+        await peer.ack({"r": 1}, [chunks[4].offset])
+        assert r.done == 9  # holding three: one more
+
+
+async def test_a_chunk_waiting_for_room_in_its_share_holds_no_other_request_back(prefix):
+    async with ring_link(prefix) as (link, peer, nursery):
+        for seq in range(6):  # six eighths, then released: their slots come back later
+            await link.send("a", seq, memoryview(bytes(EIGHTH)))
+        link.release("a")
+        r = Sends(link, "r", [bytes(slots(3 * MIN_RING_BYTES // 8))])  # within its half
+        nursery.start_soon(r.run)
+        await settle()
+        assert r.done == 0  # two eighths are free; it needs three
+        with trio.fail_after(1):
+            await link.send("s", 0, memoryview(bytes(EIGHTH)))  # room for it: it goes
+        assert r.done == 0
+        _, *chunks, drop, _ = await peer.frames(1 + 6 + 1 + 1)
+        assert drop == wire.Drop("a")
+        await peer.ack({"a": 3}, [c.offset for c in chunks[:3]])
+        assert r.done == 1
+        frame = await peer.frame()
+        assert (frame.request_id, frame.offset) == ("r", 0)
+
+
+async def test_a_request_keeps_its_share_between_two_chunks_until_its_stream_ends(prefix):
+    """A request is on the ring from its first chunk for it to its end of stream, even
+    while it holds no slot: another does not take the whole ring meanwhile."""
+    async with ring_link(prefix) as (link, peer, nursery):
+        await link.send("s", 0, memoryview(bytes(EIGHTH)))
+        _, chunk = await peer.frames(2)
+        await peer.ack({"s": 1}, [chunk.offset])  # "s" holds nothing now
+        r = Sends(link, "r", [bytes(EIGHTH)] * 8)
+        nursery.start_soon(r.run)
+        await settle()
+        assert r.done == 4
+        await link.end("s", 1)
+        await settle()
+        assert r.done == 8  # alone: all of it
+
+
+async def test_a_released_request_leaves_the_ring_to_the_other(prefix):
+    async with ring_link(prefix) as (link, _, nursery):
+        await link.send("s", 0, memoryview(bytes(EIGHTH)))
+        r = Sends(link, "r", [bytes(EIGHTH)] * 8)
+        nursery.start_soon(r.run)
+        await settle()
+        assert r.done == 4
+        link.release("s")
+        await settle()
+        assert r.done == 7  # alone: the rest (the released slot comes back when acked)
+
+
+async def test_a_chunk_bigger_than_half_the_ring_waits_until_its_request_is_alone(prefix):
+    async with ring_link(prefix) as (link, peer, nursery):
+        await link.send("s", 0, memoryview(bytes(EIGHTH)))
+        r = Sends(link, "r", [bytes(slots(5 * MIN_RING_BYTES // 8))])
+        nursery.start_soon(r.run)
+        await settle()
+        assert r.done == 0  # there is room, but it would hold more than half
+        _, chunk = await peer.frames(2)
+        await peer.ack({"s": 1}, [chunk.offset])
+        assert r.done == 1
+
+
+# -- a reader with no worker ---------------------------------------------------------------
+
+
+async def test_a_sender_waits_for_a_worker_at_most_its_readers_startup_timeout(prefix, mock_clock):
+    """Counted from when the link lost its reader (or started without one): a reader
+    back within it gets the chunks that waited; one that is not fails the sends, and
+    the ends of stream, naming the reading stage."""
+    # Virtual time over real sockets: jump only once every task has waited a real
+    # moment, so that bytes in flight arrive before a deadline is jumped to.
+    mock_clock.autojump_threshold = 0.05
+    assert WorkerOptions().startup_timeout == wire.STARTUP_TIMEOUT  # its fallback
+    first, second = listen_address(prefix, 1, 1), listen_address(prefix, 1, 2)
+    fields = {
+        "inline_chunk_bytes": 1024,
+        "target_labels": {1: "stage 1 (talker)"},
+        "target_startup_timeouts": {1: 30.0},
+    }
+    async with sender(prefix, **fields) as (link, nursery), listening(second) as two:
+        a = Sends(link, "a", [b"a"])
+        nursery.start_soon(a.run)
+        await trio.sleep(29)
+        assert a.done == 0
+        async with listening(first) as one:
+            link.route(first, False)
+            peer = await one.accept()
+            assert await peer.frame() == wire.Chunk("a", 0, 1, data=b"a")
+            assert (a.done, a.error) == (1, None)
+        await peer.stream.aclose()  # the reader dies, its address with it
+        lost = trio.current_time()
+        await trio.sleep(20)
+        b = Sends(link, "b", [b"b"])
+        nursery.start_soon(b.run)
+        await b.finished.wait()
+        assert trio.current_time() - lost == pytest.approx(30, abs=0.5)
+        assert isinstance(b.error, ReaderUnavailableError)
+        message = (
+            "stage 1 (talker) has no worker: it did not come back within 30 s (startup_timeout)"
+        )
+        assert str(b.error) == message
+        with pytest.raises(ReaderUnavailableError, match=r"^stage 1 \(talker\) has no worker"):
+            await link.end("a", 1)  # at once: it is still gone
+        assert trio.current_time() - lost == pytest.approx(30, abs=0.5)
+        link.route(second, False)  # back, later: the next chunks go to it
+        peer = await two.accept()
+        await link.send("c", 0, memoryview(b"c"))
+        assert await peer.frames(2) == [
+            wire.Lost("a", "stage 1's worker died with its chunks"),  # not released
+            wire.Chunk("c", 0, 1, data=b"c"),
+        ]
+        await peer.stream.aclose()
 
 
 async def test_a_sender_with_no_reader_waits_for_a_route_and_a_gone_reader_drops(prefix):
@@ -362,6 +539,12 @@ async def test_a_released_request_is_dropped_at_its_reader_and_its_acks_ignored(
         assert await peer.frames(2) == [wire.Chunk("r", 0, 1, data=b"a"), wire.Drop("r")]
         await peer.ack({"r": 1, "unknown": 3})  # late, or never ours: ignored
         await peer.nothing_more()
+        assert link.usage() == (0, 0, 0, 0)  # nothing of it is held
+        with trio.CancelScope() as released:  # its engine ended after its release, without
+            released.cancel()  # a checkpoint: its end of stream is not written again
+            await link.end("r", 1)
+        await peer.nothing_more()
+        assert link.usage() == (0, 0, 0, 0)
         # A reused id starts with a whole window.
         await link.send("r", 0, memoryview(b"a"))
         await link.send("r", 1, memoryview(b"b"))

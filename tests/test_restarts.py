@@ -137,6 +137,53 @@ async def test_chunks_sent_while_the_reader_restarts_wait_for_its_next_worker(tm
     assert outs[-1].finish_reason == "completed"
 
 
+@pytest.mark.process_specific("a 1 s startup_timeout, which a Ray actor's own start can exceed")
+async def test_senders_to_a_stage_that_does_not_come_back_in_time_fail_naming_it(tmp_path):
+    """Stage 2's worker is killed, and its next one takes longer to start than its
+    startup_timeout (1 s). Stage 1's worker streams to it: it waits that long for
+    it, no longer -- the requests it sends chunks of there fail, naming stage 2 --
+    while the requests that end at stage 0 keep completing meanwhile."""
+    timeout = 1.0
+    args = f'{{ marker = "{tmp_path / "loaded-once"}", seconds = 30.0 }}'
+    runtime = f'name = "code2wav"\n{RESTART}\nstartup_timeout = {timeout}'
+    config = pipeline_config(
+        ("stream", "{ count = 3 }", True, ""),
+        ("relay", "{}", True, ""),
+        ("relay_reloading_slowly", args, True, runtime),
+    )
+    async with running(config) as (pipeline, orch):
+        code2wav = pipeline.stages[2]
+        code2wav.kill()
+        await eventually(lambda: code2wav.pid is None)
+        admitted = trio.current_time()
+        failed: dict[str, tuple[float, object]] = {}
+        completed = []
+
+        async def talker_request(request_id):
+            async with orch.open_request(request_id, final_stage_ids={1}) as stream:
+                outs = [out async for out in stream]
+            failed[request_id] = (trio.current_time() - admitted, outs[-1])
+
+        with trio.fail_after(timeout + 5):
+            async with trio.open_nursery() as nursery:
+                for request_id in ("a", "b"):
+                    nursery.start_soon(talker_request, request_id)
+                while len(failed) < 2:
+                    async with orch.open_request("text", final_stage_ids={0}) as stream:
+                        completed.append([out async for out in stream][-1])
+                    await trio.sleep(0.05)
+        assert code2wav.pid is None  # still starting (it takes 30 s)
+    for elapsed, terminal in failed.values():
+        assert elapsed < timeout + 1
+        assert terminal.finish_reason == "error"
+        assert terminal.error == (
+            "stage 1 failed: ReaderUnavailableError: stage 2 (code2wav) has no worker: "
+            f"it did not come back within {timeout:g} s (startup_timeout)"
+        )
+    assert len(completed) >= 5
+    assert {out.finish_reason for out in completed} == {"completed"}
+
+
 @pytest.mark.process_specific("a process's exit status in the error")
 @pytest.mark.parametrize("delay", [0.0, 0.05, 0.3])
 async def test_leaving_while_a_worker_restarts_returns_in_time(delay):
@@ -191,18 +238,89 @@ async def test_a_request_submitted_during_a_restart_runs_on_the_new_worker():
 
 @pytest.mark.process_specific("a 1 s startup_timeout, which a Ray actor's own start can exceed")
 async def test_a_request_fails_clearly_when_no_worker_comes_back_in_time(tmp_path):
+    """Each submit waits for the restarting worker on its own: the first request
+    fails after its ``startup_timeout``, while the one submitted half a second
+    later still waits; then it fails too, after its own."""
     marker = tmp_path / "loaded-once"
     args = f'{{ marker = "{marker}", seconds = 30.0 }}'
     runtime = f"{RESTART}\nstartup_timeout = 1.0"
     config = pipeline_config(("exits_then_loads_slowly", args, True, runtime))
-    async with running(config) as (_, orch):
+    async with running(config) as (pipeline, orch):
+        stage = pipeline.stages[0]
         async with orch.open_request("dies") as stream:
             assert [out async for out in stream][-1].finish_reason == "error"
-        async with orch.open_request("waits") as stream:
-            outs = [out async for out in stream]
-    assert outs[-1].finish_reason == "error"
-    assert outs[-1].error.startswith("stage 0 submit raised WorkerUnavailableError: ")
-    assert "no new worker was ready within 1 s" in outs[-1].error
+        async with orch.open_request("w", request_id="waits") as waits:
+            await trio.sleep(0.5)
+            async with orch.open_request("l", request_id="later") as later:
+                await eventually(lambda: stage.statistics().submits_waiting == 2)
+                waited = trio.current_time()
+                waits_outs = [out async for out in waits]
+                assert stage.statistics().submits_waiting == 1  # "later" waits on
+                later_outs = [out async for out in later]
+                assert trio.current_time() - waited > 0.3
+    for outs in (waits_outs, later_outs):
+        assert outs[-1].finish_reason == "error"
+        assert outs[-1].error == (
+            "stage 0 failed: WorkerUnavailableError: stage 0 has no worker: it is "
+            "restarting, and no new worker was ready within 1 s (startup_timeout)"
+        )
+
+
+async def test_while_a_submit_waits_for_a_restart_other_requests_are_not_held_up(tmp_path):
+    """Submits to a restarting stage return at once, each waiting for the next worker
+    on its own: an abort (and the release after it) of another request on that
+    stage is delivered at once -- its waiting submit is cancelled, and nothing of it
+    reaches the new worker --, and the waiting request runs on the new worker."""
+    args = f'{{ marker = "{tmp_path / "loaded-once"}", seconds = 1.5 }}'
+    config = pipeline_config(("relay_reloading_slowly", args, True, RESTART), async_chunk=False)
+    async with running(config) as (pipeline, orch):
+        stage = pipeline.stages[0]
+        first = stage.pid
+        stage.kill()
+        await eventually(lambda: stage.pid is None)
+        async with orch.open_request("runs", request_id="runs") as runs:
+            async with orch.open_request("left", request_id="left"):
+                await eventually(lambda: stage.statistics().submits_waiting == 2)
+                leaving = trio.current_time()
+            with trio.fail_after(0.1):
+                while stage.statistics().submits_waiting != 1:  # noqa: ASYNC110
+                    await trio.sleep(0.005)
+            assert trio.current_time() - leaving < 0.1
+            assert stage.pid is None  # still restarting
+            outs = [out async for out in runs]
+        assert [out.data for out in outs] == ["R", "U", "N", "S", None]
+        assert stage.pid not in (None, first)
+        with trio.fail_after(5):  # once "runs" is released there
+            while (await stage.refresh_statistics()).worker_requests:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        assert (stage.statistics().in_flight, stage.statistics().submits_waiting) == (0, 0)
+        assert orch.statistics().dropped_outputs == 0  # "left" never ran
+
+
+async def test_an_abort_or_a_release_cancels_a_submit_waiting_for_a_restart(tmp_path):
+    args = {"marker": str(tmp_path / "loaded-once"), "seconds": 0.5}
+    options = WorkerOptions(restart=True)
+    async with open_process_stage(
+        "process_engines:relay_reloading_slowly", engine_args=args, options=options
+    ) as stage:
+        stage.kill()
+        await eventually(lambda: stage.pid is None)
+        for request_id in ("aborted", "released", "runs"):
+            await stage.submit(request_id, [request_id])  # returns at once
+        assert stage.statistics().submits_waiting == 3
+        await stage.abort("aborted")
+        await stage.release("released")
+        assert stage.statistics().submits_waiting == 1
+        outs = []
+        with trio.fail_after(10):
+            while not outs or not outs[-1].finished:
+                item = await stage.outputs.receive()
+                outs.extend(item if isinstance(item, list) else [item])
+        assert [(out.request_id, out.data) for out in outs] == [("runs", "RUNS"), ("runs", None)]
+        stats = await stage.refresh_statistics()
+        assert (stats.in_flight, stats.worker_requests) == (0, 1)  # "runs", until its release
+        await stage.release("runs")
+        assert (await stage.refresh_statistics()).worker_requests == 0
 
 
 async def test_a_process_stage_reports_its_statistics():

@@ -1,5 +1,7 @@
-"""The shared-memory ring (``process._ring``): slots written and read in place, a FIFO
-allocator with a wrap, checks that keep a stale or foreign slot from being read."""
+"""The shared-memory ring (``process._ring``): slots written and read in place, an
+allocator that goes round the ring and reuses a freed slot's space at once (a slot
+never freed holds its own bytes, no more), checks that keep a stale or foreign slot
+from being read."""
 
 from __future__ import annotations
 
@@ -188,20 +190,38 @@ def test_chunks_cycle_through_the_ring_many_times(ring):
     assert wraps > 10, "the test must go round the ring several times"
 
 
-def test_space_comes_back_only_when_the_earliest_slot_is_freed(ring):
+def test_space_freed_behind_a_live_slot_is_reused_at_once(ring):
+    """A slot that is never freed holds its own bytes and no more: the space around
+    it comes back as it is freed, neighbours merged into one run."""
     writer, _ = ring
     quarter = 1024 - HEADER  # four slots of 1024 bytes fill the ring
     offsets = [writer.allocate(quarter) for _ in range(4)]
     assert offsets == [0, 1024, 2048, 3072]
     assert writer.allocate(0) is None
-    for offset in offsets[1:]:
-        writer.free(offset)
-    assert writer.slots == 1
-    assert writer.in_use == 4096  # freed, but behind the live first slot
+    writer.free(2048)
+    writer.free(1024)
+    assert (writer.slots, writer.in_use) == (2, 2048)
+    assert writer.allocate(2048 + 1 - HEADER) is None  # 2048 free bytes, not 2112
+    assert writer.allocate(2048 - HEADER) == 1024  # the two freed slots, as one run
+    writer.free(1024)
+    writer.free(3072)  # merged with the run before it
+    assert writer.allocate(3072 - HEADER) == 1024
     assert writer.allocate(0) is None
     writer.free(0)
+    writer.free(1024)
     assert writer.in_use == 0
     assert writer.allocate(writer.size - HEADER) == 0  # the whole ring again
+
+
+def test_a_reader_that_frees_in_order_sees_the_slots_go_round(ring):
+    """The head goes on after the last slot, not back to the first free space: with
+    every slot freed as soon as the next is made, the ring is used all the way round."""
+    writer, _ = ring
+    offsets = [writer.allocate(1000 - HEADER)]
+    for _ in range(10):
+        offsets.append(writer.allocate(1000 - HEADER))
+        writer.free(offsets[-2])
+    assert offsets == [0, 1024, 2048, 3072] * 2 + [0, 1024, 2048]
 
 
 def test_freeing_the_earliest_slot_lets_the_head_wrap_into_it(ring):
@@ -217,17 +237,19 @@ def test_freeing_the_earliest_slot_lets_the_head_wrap_into_it(ring):
     assert reader.read(offsets[1], 10, 9) == b"neighbour"
 
 
-def test_the_end_skipped_at_a_wrap_is_held_until_the_slot_before_it_is_freed(ring):
+def test_a_slot_that_does_not_fit_before_the_end_wraps_and_the_end_stays_free(ring):
     writer, _ = ring
     quarter = 1024 - HEADER
     a, b, c = (writer.allocate(quarter) for _ in range(3))
     writer.free(a)
     writer.free(b)
     assert writer.in_use == 1024
-    # 1088 bytes do not fit the 1024 at the end: the slot goes to offset 0, the end is skipped
+    # 1088 bytes do not fit the 1024 at the end: the slot goes to offset 0
     assert writer.allocate(quarter + 1) == 0
-    assert writer.in_use == 1024 + 1024 + 1088
+    assert writer.in_use == 1024 + 1088
+    assert writer.allocate(quarter) == 3072  # the end is still free, for a smaller one
     writer.free(c)
+    writer.free(3072)
     assert writer.in_use == 1088
     assert writer.allocate(1024 - HEADER) == 1088
 
@@ -299,7 +321,7 @@ def test_a_freed_slot_is_not_read_even_with_its_own_tag(ring):
     first, second = writer.allocate(100), writer.allocate(100)
     writer.write(first, 1, b"a" * 100)
     writer.write(second, 2, b"b" * 100)
-    writer.free(second)  # behind the live first slot: freed, its space not reused yet
+    writer.free(second)  # freed, its space not reused yet
     with pytest.raises(RingError, match=r"holds tag 0x0 \(18446744073709551615 bytes\)"):
         reader.read(second, 2, 100)
     writer.free_all()
@@ -412,13 +434,21 @@ class RingMachine(RuleBasedStateMachine):
         offset = ring.allocate(nbytes)
         if offset is None:
             assert not empty, "an empty ring refused a chunk that fits it"
-            # A FIFO ring with a wrap wastes at most one run short of the chunk.
-            assert ring.size - ring.in_use < 2 * slot_bytes(nbytes)
+            # Refused only if no free run between the live slots has room for it.
+            assert max(self.free_runs()) < slot_bytes(nbytes)
             return
         if empty:
             assert offset == 0
         assert offset not in self.allocated
         self.allocated[offset] = nbytes
+
+    def free_runs(self):
+        """The lengths of the runs of space between the live slots (and the ends)."""
+        runs, end = [], 0
+        for offset in sorted(self.allocated):
+            runs.append(offset - end)
+            end = offset + slot_bytes(self.allocated[offset])
+        return [*runs, self.writer.size - end]
 
     @precondition(lambda self: len(self.allocated) > len(self.written))
     @rule(data=st.data())
@@ -483,7 +513,7 @@ class RingMachine(RuleBasedStateMachine):
         for offset, (tag, chunk) in self.written.items():
             assert self.reader.read(offset, tag, len(chunk)) == chunk
         assert ring.slots == len(self.allocated)
-        assert sum(map(slot_bytes, self.allocated.values())) <= ring.in_use <= ring.size
+        assert sum(map(slot_bytes, self.allocated.values())) == ring.in_use <= ring.size
 
     def teardown(self):
         if not hasattr(self, "writer"):

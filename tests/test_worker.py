@@ -20,11 +20,13 @@ from omni_trio.process.worker import _wire as wire
 from omni_trio.process.worker._links import InLink, ring_tag
 from omni_trio.process.worker._ring import RingWriter
 from omni_trio.process.worker._transport import listen_address
-from omni_trio.process.worker._worker import Worker
+from omni_trio.process.worker._worker import EARLY_WINDOWS, Worker
 from process_engines import relay
 
 #: A small window: acknowledgements go in batches of half of it.
 WINDOW = 8
+#: What a request not running here may have held for its Submit, in chunks.
+EARLY = EARLY_WINDOWS * WINDOW
 RING_BYTES = 64 * 1024
 
 
@@ -55,6 +57,9 @@ class FakeOutLink:
 
     def close(self) -> None:
         self.closed = True
+
+    def usage(self) -> tuple[int, int, int, int]:
+        return 0, 0, 0, 0  # a fake holds nothing
 
 
 @pytest.fixture
@@ -682,6 +687,116 @@ async def test_an_engine_is_held_while_its_outputs_wait_to_be_written(prefix):
         await trio.testing.wait_all_tasks_blocked()
         worker.control.close()
     assert worker.control.queued == 0
+
+
+# -- every table is bounded, and freed -------------------------------------------------------
+
+
+async def test_chunks_held_for_a_request_not_running_here_are_bounded(prefix, upstream):
+    """A request not running here may have EARLY_WINDOWS windows of chunks taken and
+    held for its Submit; one more, and what it held is dropped (acknowledged, as every chunk is):
+    a Submit of it fails, saying so, rather than read a stream with a hole."""
+    worker = make_worker(prefix)
+    up = upstream(worker)
+    worker.inlinks.add(up.link)
+    async with trio.open_nursery() as nursery:
+        up.send(*(up.inline("early", seq, life=1) for seq in range(EARLY)))
+        report = worker.report(1)
+        assert (report.requests, report.chunks_held) == (1, EARLY)
+        assert report.chunk_bytes_held == 5 * EARLY
+        assert report.chunks_waiting == EARLY
+        up.send(up.inline("early", EARLY, life=1), up.inline("early", EARLY + 1, life=1))
+        assert worker.requests == {}
+        up.send(eos("early", EARLY + 2, life=1), wire.Drop("early", life=1))
+        assert worker.report(2) == wire.Pong(2)  # every table empty
+        assert up.acked() == {"early": EARLY + 2}
+        worker.handle(wire.Submit("early", None, life=1), nursery)
+        await trio.testing.wait_all_tasks_blocked()
+    assert failure(worker, "early") == (
+        "ChunkLostError: request 'early': its chunks were dropped before its Submit: more "
+        f"than {EARLY} chunks or {1 << 20} bytes of it came while it was not running here"
+    )
+    assert downstream(worker).sent == []
+
+
+async def test_what_a_dead_sender_fed_requests_not_running_here_goes_with_it(prefix, upstream):
+    """A text-only request's talker is never submitted it, and the thinker that sent
+    its chunks died before its ``Drop``: nothing else would free them. They go with
+    the link -- a whole stream or a cut one; a Submit of one after all fails, saying
+    so. A request running here, and the id's next life fed by the thinker's
+    successor, are not touched."""
+    worker = make_worker(prefix)
+    up, successor = upstream(worker), upstream(worker, generation=2)
+    worker.inlinks.update((up.link, successor.link))
+    async with trio.open_nursery() as nursery:
+        worker.handle(wire.Submit("running", None, life=1), nursery)
+        up.send(up.inline("running", 0, life=1))
+        up.send(up.inline("whole", 0, life=2), eos("whole", 1, life=2))
+        up.send(up.inline("cut", 0, life=3))
+        await trio.testing.wait_all_tasks_blocked()
+        assert set(worker.requests) == {"running", "whole", "cut"}
+        worker.link_closed(up.link)
+        assert set(worker.requests) == {"running"}
+        assert worker.report(1).chunks_held == 0
+        successor.send(successor.inline("whole", 0, b"again", life=4))  # the id's next life
+        worker.handle(wire.Submit("cut", None, life=3), nursery)  # its Submit came after all
+        worker.handle(wire.Submit("whole", None, life=4), nursery)
+        successor.send(eos("whole", 1, life=4))
+        await trio.testing.wait_all_tasks_blocked()
+        frames = sent(worker)
+        assert {f.request_id: f.error for f in frames if type(f) is wire.Failed} == {
+            "cut": "ChunkLostError: request 'cut': its chunks were dropped before its Submit: "
+            "the upstream worker that sent them went away"
+        }
+        whole = [(f.data, f.finished) for f in frames if f.request_id == "whole"]
+        assert whole == [("AGAIN", False), (None, True)]
+        assert "running" in worker.requests  # its stage fails it, naming the dead worker
+        worker.release_all()
+        assert worker.report(2) == wire.Pong(2)
+
+
+async def test_a_sender_waiting_for_a_request_that_ended_here_is_answered_and_forgotten(
+    prefix, upstream
+):
+    """The acknowledgements owed for a request that ends here go at once; a
+    ``Waiting`` that crossed its release is answered and leaves nothing behind."""
+    worker = make_worker(prefix)
+    up = upstream(worker)
+    worker.inlinks.add(up.link)
+    async with trio.open_nursery() as nursery:
+        worker.handle(wire.Submit("r", None), nursery)
+        up.send(up.inline("r", 0))
+        await trio.testing.wait_all_tasks_blocked()  # read: its acknowledgement is owed
+        assert (up.acked(), worker.report(1).acks_owed) == ({}, 1)
+        worker.handle(wire.Release("r"), nursery)
+        assert up.acked() == {"r": 1}
+        up.send(wire.Waiting("r"))  # the sender's wait crossed the release
+        assert worker.report(2) == wire.Pong(2)
+
+
+async def test_a_worker_that_stops_holds_nothing(prefix, upstream):
+    """Its shutdown releases every request -- running, or held for a Submit -- and
+    gives every chunk back (a ring slot too), on every link."""
+
+    async def never_reads(request, io):
+        await trio.sleep_forever()
+        yield  # pragma: no cover
+
+    worker = make_worker(prefix, never_reads)
+    up = upstream(worker)
+    worker.inlinks.add(up.link)
+    async with trio.open_nursery() as nursery:
+        worker.handle(wire.Submit("r", None), nursery)
+        chunk = up.in_ring("r", 0)
+        up.send(chunk, up.inline("r", 1), up.inline("text", 0))
+        await trio.testing.wait_all_tasks_blocked()
+        report = worker.report(1)
+        assert (report.requests, report.chunks_waiting, report.chunks_held) == (2, 3, 1)
+        worker.close()
+        assert worker.report(2) == wire.Pong(2)
+        assert up.link.closed
+        up.acks()  # what it gave back before the link closed
+    assert up.slots_freed == [chunk.offset]
 
 
 # -- names ----------------------------------------------------------------------------------

@@ -56,6 +56,7 @@ from ._flow import CONSUMER_IDLE_TIMEOUT, MAX_UNREAD_BYTES, MAX_UNREAD_OUTPUTS
 from ._util import import_object
 from .process._options import (
     INLINE_CHUNK_BYTES,
+    MAX_WINDOW,
     MIN_RING_BYTES,
     RING_BYTES,
     WINDOW,
@@ -145,12 +146,14 @@ class PipelineSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     max_forward_bytes: Annotated[int, msgspec.Meta(ge=1)] = MAX_FORWARD_BYTES
     """Forward mode: bytes of ``bytes``/``str`` outputs a stage may produce for one
     request, collected for the next stage's input; a request over it fails."""
-    window: Annotated[int, msgspec.Meta(ge=1, le=65536)] = WINDOW
+    window: Annotated[int, msgspec.Meta(ge=1, le=MAX_WINDOW)] = WINDOW
     """With the shm connector: chunks a request may have sent and not yet read per
     downstream stage; its sender waits for more."""
     window_bytes: Annotated[int, msgspec.Meta(ge=1)] = WINDOW_BYTES
-    """With the shm connector: bytes of chunks a request may have sent and not yet read
-    per downstream stage; its sender waits for more."""
+    """With the shm connector: bytes of *inline* chunks (of at most
+    ``inline_chunk_bytes``) a request may have sent and not yet read per downstream
+    stage; its sender waits for more. Chunks through the ring are not counted: the
+    ring bounds them (a request's share is half of it while others hold space)."""
     ray_address: str | None = None
     """For stages with ``backend = "ray"``: the Ray cluster to join (``"auto"``: the
     one ``ray start`` runs on this machine; ``"127.0.0.1:6379"``: that one's head);

@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from .worker._engine import EngineFactory as EngineFactory
     from .worker._engine import EngineRequest as EngineRequest
     from .worker._engine import Last as Last
+    from .worker._engine import ReaderUnavailableError as ReaderUnavailableError
     from .worker._wire import MAX_FRAME as MAX_FRAME
     from .worker._wire import ProtocolError as ProtocolError
 
@@ -69,6 +70,7 @@ _EXPORTS = {
         "EngineFactory",
         "EngineRequest",
         "Last",
+        "ReaderUnavailableError",
     ],
     ".worker._wire": ["MAX_FRAME", "ProtocolError"],
 }

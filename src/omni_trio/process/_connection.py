@@ -50,6 +50,8 @@ class WorkerConnection:
       last_heard: When it last sent anything (``trio.current_time()``).
       address: Where it listens for chunks from upstream workers ("" if it reads
           none).
+      report: Its last answer to a ``Ping``, with the sizes of its per-request
+          tables (``None`` until the first), and when it came: ``reported_at``.
     """
 
     def __init__(
@@ -74,6 +76,11 @@ class WorkerConnection:
         self._scope: trio.CancelScope | None = None  # run()'s tasks
         self._gone_because: str | None = None
         self._delivering = False  # the reader waits for the stage's outputs channel
+        self.report: wire.Pong | None = None
+        self.reported_at = self.last_heard
+        self._pings = 0  # the seq of the last Ping sent
+        self._reported = trio.Event()  # set (and replaced) at each Pong, and when over
+        self._over = False  # run() has returned
 
     @property
     def pid(self) -> int | None:
@@ -136,6 +143,9 @@ class WorkerConnection:
         self._writer.send_nowait(frame)
         self.in_flight.add(request_id)
 
+    def credit(self, request_id: str, outputs: int, nbytes: int) -> None:
+        self._writer.send_nowait(wire.encode(wire.Credit(request_id, outputs, nbytes)))
+
     def abort(self, request_id: str) -> None:
         self._writer.send_nowait(wire.encode(wire.Abort(request_id)))
 
@@ -157,13 +167,16 @@ class WorkerConnection:
         may wait: a worker whose stage's consumer is slow is not silent. A worker that
         is dead to us (silent, broken, or fatal) is killed before this returns.
         """
-        async with trio.open_nursery() as nursery:
-            self._scope = nursery.cancel_scope
-            nursery.start_soon(self._write)
-            nursery.start_soon(self._read, outputs)
-            if self._heartbeats:
+        try:
+            async with trio.open_nursery() as nursery:
+                self._scope = nursery.cancel_scope
+                nursery.start_soon(self._write)
+                nursery.start_soon(self._read, outputs)
                 nursery.start_soon(self._heartbeat)
-            nursery.start_soon(self._wait)
+                nursery.start_soon(self._wait)
+        finally:
+            self._over = True
+            self._reported.set()  # nothing more will come: refresh() returns
         reason = self._gone_because or "unknown"
         if reason == CLOSED:  # its own end (an exit status) says more, if it comes promptly
             with trio.move_on_after(1.0):
@@ -173,6 +186,20 @@ class WorkerConnection:
         if place is not None:  # "... (Ray actor 52dd2411 on node 8162d4cf at 10.0.0.2)"
             reason = f"{reason} ({place})"
         return reason
+
+    async def refresh(self) -> wire.Pong | None:
+        """Ping it now and wait for its answer (or its end); return its report."""
+        if not self._over:
+            seq = self._ping()
+            while not self._over and (self.report is None or self.report.seq < seq):
+                await self._reported.wait()
+        await trio.lowlevel.checkpoint()
+        return self.report
+
+    def _ping(self) -> int:
+        self._pings += 1
+        self._writer.send_nowait(wire.encode(wire.Ping(self._pings)))
+        return self._pings
 
     def _gone(self, why: str) -> None:
         if self._gone_because is None:
@@ -205,7 +232,11 @@ class WorkerConnection:
                     elif kind is wire.Fatal:
                         self._gone(f"it reported a fatal error: {frame.message}")
                         return
-                    elif kind is not wire.Pong:
+                    elif kind is wire.Pong:
+                        self.report, self.reported_at = frame, self.last_heard
+                        self._reported.set()
+                        self._reported = trio.Event()
+                    else:
                         self._gone(f"it sent an unexpected {kind.__name__}")
                         return
                 if items:
@@ -219,17 +250,17 @@ class WorkerConnection:
             self._gone(describe(exc))
 
     async def _heartbeat(self) -> None:
+        """Ping it every ``heartbeat_interval`` (its answers carry its statistics);
+        with heartbeats on, a worker silent for ``heartbeat_timeout`` is dead."""
         options = self._options
-        seq = 0
         while True:
             await trio.sleep(options.heartbeat_interval)
             silent = trio.current_time() - self.last_heard
-            if silent > options.heartbeat_timeout and not self._delivering:
+            if self._heartbeats and silent > options.heartbeat_timeout and not self._delivering:
                 # run() kills it once this task group is done
                 self._gone(f"no heartbeat for {options.heartbeat_timeout:.1f} s, killed")
                 return
-            seq += 1
-            self._writer.send_nowait(wire.encode(wire.Ping(seq)))
+            self._ping()
 
     async def _wait(self) -> None:
         self._gone(await self.handle.wait())

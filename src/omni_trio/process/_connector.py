@@ -26,14 +26,25 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from .._util import NoPublicConstructor, final
-from ._options import INLINE_CHUNK_BYTES, MIN_RING_BYTES, RING_BYTES
+from .._util import NoPublicConstructor, final, stage_label
+from ._options import (
+    INLINE_CHUNK_BYTES,
+    MAX_WINDOW,
+    MIN_RING_BYTES,
+    RING_BYTES,
+    WINDOW,
+    WINDOW_BYTES,
+    WorkerOptions,
+)
 from .worker import _shm
 
 if TYPE_CHECKING:
     from ._connection import WorkerConnection
 
 __all__ = ["ConnectorStatistics", "ShmConnector", "open_shm_connector"]
+
+#: How long senders wait for a stage the connector was not told of.
+_STARTUP_TIMEOUT = WorkerOptions().startup_timeout
 
 
 @attrs.frozen
@@ -47,12 +58,33 @@ class ConnectorStatistics:
       segments_live: Shared-memory segments (rings) with the connector's prefix
           right now.
       shm_bytes: Their sizes, summed.
+      chunks_unread: Per sending stage with a worker attached: its chunks sent on its
+          links and not yet read downstream (not acknowledged), and the chunks it
+          took and holds for requests not running there; as of its worker's last
+          report (see :meth:`ProcessStage.refresh_statistics`).
+      chunk_bytes_unread: Their bytes: those that went inline, those held, and its
+          rings' bytes in use.
+      lives: Request ids the connector is numbering a life for (submitted at some
+          stage and not released there yet).
     """
 
     workers_attached: int
     routes_sent: int
     segments_live: int
     shm_bytes: int
+    chunks_unread: dict[int, int] = attrs.field(factory=dict)
+    chunk_bytes_unread: dict[int, int] = attrs.field(factory=dict)
+    lives: int = 0
+
+    @property
+    def total_chunks_unread(self) -> int:
+        """``sum(chunks_unread.values())``."""
+        return sum(self.chunks_unread.values())
+
+    @property
+    def total_chunk_bytes_unread(self) -> int:
+        """``sum(chunk_bytes_unread.values())``."""
+        return sum(self.chunk_bytes_unread.values())
 
 
 @final
@@ -67,7 +99,15 @@ class ShmConnector(metaclass=NoPublicConstructor):
       inline_chunk_bytes: A chunk of at most this many bytes travels inside its frame;
           a bigger one through the sender's ring (0: every chunk through the ring).
       ring_bytes: The size of each sending worker's ring, one per reading worker it
-          sends to.
+          sends to. While two or more requests are on a ring (from their first
+          chunk for it to their end of stream), none may hold more than half of it;
+          a request alone may take it all.
+      window: Chunks a request may have sent to a downstream stage and not yet had
+          acknowledged (read, or taken); its sender waits for more.
+      window_bytes: Bytes of *inline* chunks a request may have sent to a
+          downstream stage and not yet had acknowledged (the reader holds them until
+          they are read); its sender waits for more. A chunk that goes through the
+          ring is not counted here: the ring, and its half share, bound those.
       listen_host: Where reading workers listen: ``""``, a Unix socket of their host
           (workers on one host); an address, TCP on it (a pipeline with stages on
           other hosts: every chunk then travels inline). A Ray actor always listens
@@ -81,12 +121,18 @@ class ShmConnector(metaclass=NoPublicConstructor):
         inline_chunk_bytes: int,
         ring_bytes: int,
         listen_host: str = "",
+        window: int = WINDOW,
+        window_bytes: int = WINDOW_BYTES,
     ) -> None:
         self.routes = {source: tuple(targets) for source, targets in routes.items()}
         self.prefix = prefix
         self.inline_chunk_bytes = inline_chunk_bytes
         self.ring_bytes = ring_bytes
         self.listen_host = listen_host
+        self.window = window
+        self.window_bytes = window_bytes
+        #: Per stage: its label and its startup_timeout (see add_stage).
+        self._stages: dict[int, tuple[str, float]] = {}
         sources: dict[int, list[int]] = {}
         for source, targets in self.routes.items():
             for target in targets:
@@ -101,11 +147,22 @@ class ShmConnector(metaclass=NoPublicConstructor):
     def statistics(self) -> ConnectorStatistics:
         """Return a snapshot of the workers it knows and the shared memory in use."""
         names = _shm.listing(self.prefix)
+        chunks, nbytes = {}, {}
+        for stage_id, worker in sorted(self._workers.items()):
+            report = worker.report
+            if report is not None:
+                chunks[stage_id] = report.chunks_unacked + report.chunks_held
+                nbytes[stage_id] = (
+                    report.chunk_bytes_unacked + report.chunk_bytes_held + report.ring_bytes_in_use
+                )
         return ConnectorStatistics(
             workers_attached=len(self._workers),
             routes_sent=self._routes_sent,
             segments_live=len(names),
             shm_bytes=sum(_size(name) for name in names),
+            chunks_unread=chunks,
+            chunk_bytes_unread=nbytes,
+            lives=len(self._lives),
         )
 
     def targets(self, stage_id: int) -> tuple[int, ...]:
@@ -115,6 +172,30 @@ class ShmConnector(metaclass=NoPublicConstructor):
     def reads(self, stage_id: int) -> bool:
         """Whether stage ``stage_id`` reads chunks (its workers listen for them)."""
         return stage_id in self.sources
+
+    def add_stage(self, stage_id: int, label: str, startup_timeout: float) -> None:
+        """Stage ``stage_id`` is ``label`` (``stage 1 (talker)``), and a worker of it
+        may take ``startup_timeout`` seconds to start: how long the workers sending
+        to it wait for its next one while it restarts. A
+        :class:`~omni_trio.process.ProcessStage` given this connector says so when it
+        is made; :func:`open_process_pipeline` says it for every stage before it
+        starts the first (a stage's first worker learns what it sends to when it
+        starts)."""
+        self._stages[stage_id] = (label, startup_timeout)
+
+    def _stage(self, stage_id: int) -> tuple[str, float]:
+        known = self._stages.get(stage_id)
+        return (stage_label(stage_id), _STARTUP_TIMEOUT) if known is None else known
+
+    def target_labels(self, stage_id: int) -> dict[int, str]:
+        """The label of each stage reading stage ``stage_id``'s chunks (``stage K``
+        for a stage it has not been told of)."""
+        return {target: self._stage(target)[0] for target in self.targets(stage_id)}
+
+    def target_startup_timeouts(self, stage_id: int) -> dict[int, float]:
+        """The ``startup_timeout`` of each stage reading stage ``stage_id``'s chunks
+        (``WorkerOptions``' default for a stage it has not been told of)."""
+        return {target: self._stage(target)[1] for target in self.targets(stage_id)}
 
     def life(self, request_id: str) -> int:
         """The life of ``request_id`` a stage submits it in: the current one's, or,
@@ -181,6 +262,8 @@ async def open_shm_connector(
     inline_chunk_bytes: int = INLINE_CHUNK_BYTES,
     ring_bytes: int = RING_BYTES,
     listen_host: str = "",
+    window: int = WINDOW,
+    window_bytes: int = WINDOW_BYTES,
 ) -> AsyncIterator[ShmConnector]:
     """A connector for the block; ``routes`` maps a stage to the stages reading its
     chunks.
@@ -190,19 +273,32 @@ async def open_shm_connector(
     connector). A chunk of at most ``inline_chunk_bytes`` bytes travels inside its
     frame, a bigger one through a ring of ``ring_bytes`` bytes that its sending
     worker keeps for each worker it sends to; 0 sends every chunk through the ring.
+    A request may have ``window`` chunks, and ``window_bytes`` bytes of inline
+    chunks, sent to a downstream stage and not yet acknowledged (see
+    :attr:`ShmConnector.window_bytes`); its sender waits for more.
     The stages given this connector tell their workers so. ``listen_host``: where
     reading workers listen (see :attr:`ShmConnector.listen_host`). Leaving the block frees
     every segment with its prefix.
 
     Raises:
-      ValueError: a size out of range.
+      ValueError: a size out of range (naming the argument).
     """
     if inline_chunk_bytes < 0:
         raise ValueError(f"inline_chunk_bytes must be >= 0, got {inline_chunk_bytes!r}")
     if ring_bytes < MIN_RING_BYTES:
         raise ValueError(f"ring_bytes must be >= {MIN_RING_BYTES}, got {ring_bytes!r}")
+    if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= MAX_WINDOW:
+        raise ValueError(f"window must be an integer from 1 to {MAX_WINDOW}, got {window!r}")
+    if isinstance(window_bytes, bool) or not isinstance(window_bytes, int) or window_bytes < 1:
+        raise ValueError(f"window_bytes must be an integer >= 1, got {window_bytes!r}")
     connector = ShmConnector._create(  # noqa: SLF001 - the module's own factory
-        routes, prefix or _shm.new_prefix(), inline_chunk_bytes, ring_bytes, listen_host
+        routes,
+        prefix or _shm.new_prefix(),
+        inline_chunk_bytes,
+        ring_bytes,
+        listen_host,
+        window,
+        window_bytes,
     )
     try:
         yield connector

@@ -71,8 +71,9 @@ class LaunchedWorker:
     """What a launcher hands its connection: the worker and our end of its control
     connection (a socket's, or any other Trio stream's).
 
-    ``heartbeat`` says whether pinging it tells anything: not for a task of our own
-    event loop, which cannot be stuck while we are not.
+    ``heartbeat`` says whether its silence means it is dead: not for a task of our
+    own event loop, which cannot be stuck while we are not (it is pinged all the
+    same, for its statistics).
     """
 
     handle: WorkerHandle

@@ -13,6 +13,7 @@ from .._util import final
 __all__ = [
     "BACKENDS",
     "INLINE_CHUNK_BYTES",
+    "MAX_WINDOW",
     "MIN_RING_BYTES",
     "RAY_PLACEMENT",
     "RING_BYTES",
@@ -36,7 +37,10 @@ MIN_RING_BYTES = 64 * 1024
 #: Chunks a request may have sent and not yet read, per downstream stage (a link's
 #: window): the connector's and the config's default.
 WINDOW = 64
-#: Bytes of chunks a request may have sent and not yet read, per downstream stage.
+#: The largest window that may be configured.
+MAX_WINDOW = 65536
+#: Bytes of inline chunks a request may have sent and not yet read, per downstream
+#: stage (chunks in a ring are bounded by the ring's share instead).
 WINDOW_BYTES = 1 << 20
 
 
@@ -86,7 +90,8 @@ class WorkerOptions:
           ``num_cpus``, ``num_gpus`` and ``resources`` on a node of the pipeline's
           cluster (see :func:`open_ray_stage`). Read by
           :func:`open_process_pipeline`; the ``open_*_stage`` functions set it to
-          their own. An in-process worker is not pinged (``heartbeat_*`` do nothing).
+          their own. An in-process worker is pinged for its statistics, never
+          killed for its silence.
       restart: Restart a dead worker: its in-flight requests fail, and later ones (and
           those submitted while it restarts) run on the new worker. Without it, the
           stage's ``outputs`` end, and the orchestrator marks the stage dead.
@@ -101,7 +106,9 @@ class WorkerOptions:
       heartbeat_interval: Seconds between pings to the worker.
       heartbeat_timeout: A worker silent this long is dead (it is killed).
       startup_timeout: Seconds a worker may take to load its engine; also how long a
-          submit waits for a restarting worker.
+          submit waits for a restarting worker, and how long the workers sending
+          chunks to the stage wait for its next one (then the request sending fails,
+          with :class:`~omni_trio.process.ReaderUnavailableError`).
       shutdown_grace: Seconds a worker may take to exit when its stage closes, before
           it is killed.
       completion_delay: Delay every completion report by this many seconds (a slow

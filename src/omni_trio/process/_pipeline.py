@@ -10,7 +10,7 @@ from typing import Any
 
 import attrs
 
-from .._util import final
+from .._util import final, stage_label
 from ..config import PipelineConfig
 from ._connector import ShmConnector, open_shm_connector
 from ._stage import ProcessStage, open_inprocess_stage, open_process_stage
@@ -95,8 +95,15 @@ async def open_process_pipeline(config: PipelineConfig) -> AsyncIterator[Process
                         inline_chunk_bytes=config.pipeline.inline_chunk_bytes,
                         ring_bytes=config.pipeline.ring_bytes,
                         listen_host=listen_host,
+                        window=config.pipeline.window,
+                        window_bytes=config.pipeline.window_bytes,
                     )
                 )
+                # Every stage, before the first starts: a worker learns the stages it
+                # sends to (how long to wait for theirs) when it starts.
+                for stage in config.stages:
+                    label = stage_label(stage.stage_id, stage.label)
+                    connector.add_stage(stage.stage_id, label, stage.runtime.startup_timeout)
             stages = []
             for stage in config.stages:
                 process_stage = await stack.enter_async_context(

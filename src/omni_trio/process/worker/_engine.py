@@ -21,7 +21,15 @@ from typing import Any, Protocol
 
 import attrs
 
-__all__ = ["ChunkIO", "ChunkLostError", "Engine", "EngineFactory", "EngineRequest", "Last"]
+__all__ = [
+    "ChunkIO",
+    "ChunkLostError",
+    "Engine",
+    "EngineFactory",
+    "EngineRequest",
+    "Last",
+    "ReaderUnavailableError",
+]
 
 
 @attrs.frozen
@@ -69,13 +77,22 @@ class ChunkLostError(Exception):
     it). The request cannot complete; letting the error end the engine fails it."""
 
 
+class ReaderUnavailableError(Exception):
+    """Raised by :meth:`ChunkIO.send` when a stage it streams to has had no worker
+    (it died and is restarting) for longer than that stage's ``startup_timeout``:
+    ``stage 1 (talker) has no worker: it did not come back within 30 s
+    (startup_timeout)``. Letting the error end the engine fails the request."""
+
+
 class ChunkIO(Protocol):
     """A request's link to the neighbouring stages (async_chunk mode).
 
     Chunks are bytes; they go straight to the workers of the stages downstream (a
     small one inside its frame, a big one through the sender's shared-memory ring).
     :meth:`send` waits while the reader is behind (each request may have a window of
-    chunks unread) or has no worker (it is restarting). Chunks arrive whole and in
+    chunks unread, and a share of the sender's ring) or has no worker (it is
+    restarting: for that stage's ``startup_timeout`` at most, then it raises
+    :class:`ReaderUnavailableError`). Chunks arrive whole and in
     order; where some went missing -- their reader's predecessor died with them, or
     their writer died before they could be read -- reading raises
     :class:`ChunkLostError`.
@@ -87,7 +104,10 @@ class ChunkIO(Protocol):
         with a connector). When it does not, :meth:`send` raises ``RuntimeError``."""
 
     async def send(self, chunk: bytes | bytearray | memoryview) -> None:
-        """Hand ``chunk`` to the downstream stage(s)."""
+        """Hand ``chunk`` to the downstream stage(s).
+
+        Raises :class:`ReaderUnavailableError` if one of them has had no worker for
+        longer than its ``startup_timeout``."""
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         """The upstream stage's chunks for this request, until it is done.

@@ -22,8 +22,13 @@ chunk when its engine has read it, or when no engine of it will (the request has
 started there, or it has ended: then the chunk is taken at once), and gives back its
 ring slot at the same time; it sends acknowledgements in batches of half a window
 (in chunks or in bytes),
-at once for a ring slot, and at once when its sender waits. A full ring makes the
-sender wait too; so does a stage that has no worker to send to while it restarts.
+at once for a ring slot, and at once when its sender waits. A chunk in the ring is
+bounded by the ring instead of ``window_bytes``: while two or more requests are on a
+connection's ring (from their first chunk for it to their end of stream), none may
+hold more than half of it -- a request alone may take it all -- and a full ring makes
+the sender wait for slots. A stage that has no worker to send to while it restarts makes
+its senders wait too, up to that stage's ``startup_timeout`` from when it lost its
+worker; then :class:`ReaderUnavailableError` fails the request sending.
 Nothing on this path grows with a flood: it costs the windows and the ring.
 
 A connection ends when either worker goes away. A dead sender's requests that were
@@ -43,8 +48,9 @@ import zlib
 import trio
 
 from . import _wire as wire
+from ._engine import ReaderUnavailableError
 from ._framing import CONNECTION_OVER, FrameReader, FrameWriter, write_until_closed
-from ._ring import RingError, RingReader, RingWriter
+from ._ring import RingError, RingReader, RingWriter, slot_bytes
 from ._shm import worker_name
 from ._transport import SocketTransport, Transport
 
@@ -79,8 +85,17 @@ class _Unacked:
             self.wakeup = None
 
 
+class _Share:
+    """One request's part of a connection's ring: the bytes of its live slots."""
+
+    __slots__ = ("bytes",)
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+
 class _Connection:
-    __slots__ = ("ring", "scope", "shared_memory", "stream", "writer")
+    __slots__ = ("owners", "ring", "scope", "shared_memory", "shares", "stream", "writer")
 
     def __init__(self, stream: trio.abc.Stream, shared_memory: bool) -> None:
         self.stream = stream
@@ -88,6 +103,14 @@ class _Connection:
         self.writer = FrameWriter(stream)
         self.scope = trio.CancelScope()
         self.ring: RingWriter | None = None
+        #: The requests on the ring, and their shares: a request is on it from its
+        #: first chunk for the ring (sent or waiting) to its end of stream or its
+        #: release -- between two chunks too, holding no slot for a moment -- and no
+        #: longer (its slots still come back then, counted nowhere).
+        self.shares: dict[str, _Share] = {}
+        #: The ring's live slots: offset -> the share it counts in, and its bytes
+        #: (``_ring.slot_bytes``).
+        self.owners: dict[int, tuple[_Share, int]] = {}
 
 
 class OutLink:
@@ -99,6 +122,11 @@ class OutLink:
       chunks, inline, bytes: Chunks sent (ends of stream not counted), those that
           travelled inline, and their bytes.
       waits: How often a send waited (for a window, ring space or a worker).
+
+    The target stage's label and ``startup_timeout`` come in ``init``
+    (``target_labels``, ``target_startup_timeouts``): a send waits that long at most
+    for the stage's next worker, counted from when the link lost the last one (or
+    from its start, before a first one).
     """
 
     def __init__(
@@ -121,7 +149,12 @@ class OutLink:
         self._address = ""  # of the worker we send to; "" while there is none
         self._connection: _Connection | None = None
         self._connected = trio.Event()  # set while connected, and once gone
-        self._space = trio.Event()  # set when ring space is freed
+        self._down_since = trio.current_time()  # when it was last left without a worker
+        self._label = init.target_labels.get(target) or f"stage {target}"
+        self._startup_timeout = init.target_startup_timeouts.get(target, wire.STARTUP_TIMEOUT)
+        #: Set when what holds a chunk back from the ring may have changed: slots
+        #: freed, a request off the ring, the connection gone.
+        self._space = trio.Event()
         self._unacked: dict[str, _Unacked] = {}
         #: Requests (and their lives) with chunks sent to the current worker (or its
         #: predecessors) and not released: a next worker is told they are lost.
@@ -210,11 +243,14 @@ class OutLink:
         if ack.slots:
             if connection.ring is None:
                 raise wire.ProtocolError("an Ack frees ring slots, and there is no ring")
+            owners = connection.owners
             for offset in ack.slots:
                 try:
                     connection.ring.free(offset)
                 except ValueError as exc:  # not a slot we handed out: the link is over
                     raise wire.ProtocolError(f"an Ack frees ring slot {offset}: {exc}") from None
+                share, held = owners.pop(offset)
+                share.bytes -= held
             self._space.set()
 
     def _disconnect(self) -> None:
@@ -222,6 +258,7 @@ class OutLink:
         connection, self._connection = self._connection, None
         if not self.gone and self._connected.is_set():
             self._connected = trio.Event()
+            self._down_since = trio.current_time()
         if connection is not None:
             connection.scope.cancel()
             connection.writer.close()
@@ -240,6 +277,8 @@ class OutLink:
 
         Raises:
           ValueError: the chunk can never fit the ring.
+          ReaderUnavailableError: the target stage has had no worker for longer than
+              its ``startup_timeout``.
         """
         size = chunk.nbytes
         init = self._init
@@ -247,7 +286,7 @@ class OutLink:
         while not self.gone:
             connection = self._connection
             if connection is None:
-                await self._wait(self._connected)
+                await self._wait_for_worker()
                 continue
             unacked = self._unacked.get(request_id)
             if unacked is None:
@@ -267,19 +306,11 @@ class OutLink:
                 frame = wire.Chunk(request_id, seq, size, data=data, life=life)
                 self.inline += 1
             else:
-                ring = connection.ring or self._new_ring(connection)
-                if not ring.capacity_for(size):
-                    raise ValueError(
-                        f"a {size}-byte chunk does not fit the {ring.size}-byte ring "
-                        f"(raise [pipeline] ring_bytes, or send smaller chunks)"
-                    )
-                offset = ring.allocate(size)
+                offset = await self._slot(connection, request_id, size)
                 if offset is None:
-                    if self._space.is_set():  # one event for every request waiting
-                        self._space = trio.Event()
-                    await self._wait(self._space)
-                    continue
-                ring.write(offset, ring_tag(request_id, seq), chunk)
+                    continue  # it waited: anything may have changed
+                assert connection.ring is not None
+                connection.ring.write(offset, ring_tag(request_id, seq), chunk)
                 frame = wire.Chunk(request_id, seq, size, offset=offset, life=life)
             held = size if inline else 0  # a reader holds an inline chunk; the ring, a big one
             unacked.sizes.append(held)
@@ -290,15 +321,62 @@ class OutLink:
             connection.writer.send_nowait(wire.encode(frame))
             return
 
+    async def _slot(self, connection: _Connection, request_id: str, size: int) -> int | None:
+        """A slot of ``connection``'s ring for the request's ``size``-byte chunk, counted
+        in its share; or ``None`` once it waited for one (the caller looks again).
+
+        While two or more requests are on the ring (see ``_Connection.shares``), none
+        may hold more than half of it; a request alone takes what there is. A chunk
+        bigger than half goes once no other request holds any of it. A chunk held
+        back waits for a slot to come back, or for a request to leave the ring.
+
+        Raises:
+          ValueError: the chunk can never fit the ring.
+        """
+        ring = connection.ring or self._new_ring(connection)
+        if not ring.capacity_for(size):
+            raise ValueError(
+                f"a {size}-byte chunk does not fit the {ring.size}-byte ring "
+                f"(raise [pipeline] ring_bytes, or send smaller chunks)"
+            )
+        need = slot_bytes(size)
+        half = ring.size // 2
+        shares = connection.shares
+        share = shares.get(request_id)
+        if share is None:
+            share = shares[request_id] = _Share()  # on the ring from now on
+        if need > half:
+            held_back = any(other.bytes for other in shares.values() if other is not share)
+        else:
+            held_back = len(shares) > 1 and share.bytes + need > half
+        offset = None if held_back else ring.allocate(size)
+        if offset is None:
+            await self._wait_for_space()
+            return None
+        share.bytes += need
+        connection.owners[offset] = (share, need)
+        return offset
+
+    def _leave_ring(self, request_id: str) -> None:
+        """The request is off the current connection's ring (its stream ended, or it
+        was released): another request may take more of it."""
+        connection = self._connection
+        if connection is not None and connection.shares.pop(request_id, None) is not None:
+            self._space.set()
+
     async def end(self, request_id: str, count: int, life: int = 0) -> None:
         """Say that the request's chunks end after ``count`` of them; return once
         that is written to the reader's connection."""
+        # An engine that ended without a checkpoint after its request's release must
+        # not write it again (nothing would release it a second time).
+        await trio.lowlevel.checkpoint_if_cancelled()
         while not self.gone:
             connection = self._connection
             if connection is None:
-                await self._wait(self._connected)
+                await self._wait_for_worker()
                 continue
             self._written[request_id] = life
+            self._leave_ring(request_id)
             eos = wire.Chunk(request_id, count, eos=True, life=life)
             connection.writer.send_nowait(wire.encode(eos))
             # The stage's completion goes out after this: written, the end of the
@@ -306,9 +384,34 @@ class OutLink:
             await connection.writer.flushed()
             return
 
+    async def _wait_for_worker(self) -> None:
+        """Wait for the target stage's next worker, as long as its ``startup_timeout``
+        lets it take to come back.
+
+        Raises:
+          ReaderUnavailableError: it did not come back in time.
+        """
+        timeout = self._startup_timeout
+        with trio.move_on_at(self._down_since + timeout):
+            await self._wait(self._connected)
+            return
+        raise ReaderUnavailableError(
+            f"{self._label} has no worker: it did not come back within {timeout:g} s "
+            f"(startup_timeout)"
+        )
+
+    async def _wait_for_space(self) -> None:
+        if self._space.is_set():  # one event for every request waiting
+            self._space = trio.Event()
+        await self._wait(self._space)
+
     async def _wait(self, event: trio.Event) -> None:
         self.waits += 1
         await event.wait()
+        # Woken and cancelled at once (an Ack came with the request's release): the
+        # wake-up won the race, so see the cancellation here, before the send loop
+        # writes the released request again.
+        await trio.lowlevel.checkpoint_if_cancelled()
 
     def _new_ring(self, connection: _Connection) -> RingWriter:
         self._rings += 1
@@ -322,6 +425,7 @@ class OutLink:
         unacked = self._unacked.pop(request_id, None)
         if unacked is not None:
             unacked.wake()
+        self._leave_ring(request_id)
         life = self._written.pop(request_id, None)
         if life is not None and self._connection is not None:
             self._connection.writer.send_nowait(wire.encode(wire.Drop(request_id, life)))
@@ -329,6 +433,18 @@ class OutLink:
     def close(self) -> None:
         """This worker stops: as if the stage it sends to were gone."""
         self.route("", gone=True)
+
+    def usage(self) -> tuple[int, int, int, int]:
+        """What it holds now: chunks sent and not acknowledged, the bytes of those
+        that went inline, requests written and not released, and the bytes of its
+        ring in use."""
+        chunks = nbytes = 0
+        for unacked in self._unacked.values():
+            chunks += len(unacked.sizes)
+            nbytes += unacked.bytes
+        connection = self._connection
+        ring = None if connection is None else connection.ring
+        return chunks, nbytes, len(self._written), 0 if ring is None else ring.in_use
 
 
 class InLink:
@@ -394,6 +510,18 @@ class InLink:
             self.flush()
         else:
             self._waiting.add(request_id)
+
+    def forget(self, request_id: str) -> None:
+        """The request has ended here: what is owed for it goes now, and no chunk of
+        it will be read any more, so its sender's wait is answered."""
+        self._waiting.discard(request_id)
+        if request_id in self._counts:
+            self.flush()
+
+    @property
+    def owed(self) -> int:
+        """Requests whose acknowledgements are owed (batched) or asked for."""
+        return len(self._waiting.union(self._counts))
 
     def flush(self) -> None:
         """Send the acknowledgements owed."""

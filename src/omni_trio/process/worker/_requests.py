@@ -20,7 +20,7 @@ from ._ring import RingError
 if TYPE_CHECKING:
     from ._worker import Worker
 
-__all__ = ["YIELD_EVERY", "Gate", "Notice", "RequestIO", "WorkerRequest"]
+__all__ = ["YIELD_EVERY", "Gate", "Notice", "OutputCredit", "RequestIO", "WorkerRequest"]
 
 
 #: An engine that sends or reads chunks without ever waiting yields to the other
@@ -71,6 +71,46 @@ class Gate:
             self.inside += 1
 
 
+class OutputCredit:
+    """A request's credit for ``Output`` frames: flow control from its consumer.
+
+    The orchestrator gives a request's final stage its window with the ``Submit``
+    and gives back what the consumer took (``Credit``). An output goes out while the
+    request has credit for one more output and for its bytes -- or, if it is bigger
+    than what is left, once at least half the window is (so an output of any size
+    goes out eventually, and a window the consumer emptied always comes back).
+    Otherwise the request's engine waits, holding the output it made.
+    """
+
+    __slots__ = ("nbytes", "outputs", "wakeup", "window")
+
+    def __init__(self, outputs: int, nbytes: int) -> None:
+        self.outputs = outputs
+        self.nbytes = nbytes
+        self.window = nbytes
+        self.wakeup: trio.Event | None = None
+
+    def allows(self, size: int) -> bool:
+        return self.outputs >= 1 and (size <= self.nbytes or 2 * self.nbytes >= self.window)
+
+    def spend(self, size: int) -> None:
+        self.outputs -= 1
+        self.nbytes -= size
+
+    def add(self, outputs: int, nbytes: int) -> None:
+        self.outputs += outputs
+        self.nbytes += nbytes
+        if self.wakeup is not None:
+            self.wakeup.set()
+            self.wakeup = None
+
+    async def wait_for(self, size: int) -> None:
+        """Return once an output of ``size`` bytes may go."""
+        while not self.allows(size):
+            self.wakeup = trio.Event()
+            await self.wakeup.wait()
+
+
 #: An upstream chunk (or a loss) for a request, and the link to acknowledge it on
 #: once read (``None``: taken when it came, acknowledged then).
 Notice = tuple["wire.Chunk | wire.Lost", "InLink | None"]
@@ -81,9 +121,12 @@ class WorkerRequest:
 
     __slots__ = (
         "broken",
+        "credit",
         "eof",
         "expected",
         "finished",
+        "held",
+        "held_bytes",
         "inbox_receive",
         "inbox_send",
         "inside",
@@ -91,6 +134,8 @@ class WorkerRequest:
         "running",
         "scope",
         "sent",
+        "source",
+        "source_life",
         "upstream_done",
     )
 
@@ -106,6 +151,13 @@ class WorkerRequest:
         self.expected = 0  # the seq of the next upstream chunk
         self.eof = False  # the engine has read to the end
         self.broken: str | None = None  # why chunks are missing, once they are
+        self.credit: OutputCredit | None = None  # flow control of its outputs (None: off)
+        # Before its Submit: the chunks taken into its inbox (copied out, acknowledged)
+        # and their bytes (exact while it is not running: a drain recounts them), and
+        # the link (and life) that last fed it.
+        self.held = self.held_bytes = 0
+        self.source: InLink | None = None
+        self.source_life = 0
 
     def drain(self, keep: Callable[[int], bool] = lambda life: False) -> None:
         """Drop what waits in the inbox (acknowledging it), but for the notices of
@@ -121,8 +173,12 @@ class WorkerRequest:
             elif link is not None and isinstance(notice, wire.Chunk) and not notice.eos:
                 link.ack(notice.request_id, notice.offset, notice.size)
         self.upstream_done = False
+        self.held = self.held_bytes = 0
         for notice, link in kept:
             self.upstream_done |= isinstance(notice, wire.Chunk) and notice.eos
+            if link is None and isinstance(notice, wire.Chunk):  # taken on arrival
+                self.held += 1
+                self.held_bytes += notice.size
             self.inbox_send.send_nowait((notice, link))
 
 

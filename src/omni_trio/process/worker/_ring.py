@@ -19,13 +19,15 @@ chunk; a freed slot's header is overwritten at once (tag 0, size 2**64 - 1), so 
 even its own reader can read it again while its bytes are being reused.
 
 The allocator lives in the writer's process alone (the reader frees a slot by telling
-the writer, through the caller's own messages). It is a FIFO ring: slots are handed
-out at the head, one after the other, and space comes back at the tail, once every
-slot allocated before it is freed too -- frees may come in any order. A slot never
-straddles the end: when the next one does not fit before it, it starts at offset 0
-and the space left at the end belongs to the slot before, until that slot is freed.
-An empty ring starts again at offset 0, so a chunk that fits the ring at all fits an
-empty one.
+the writer, through the caller's own messages). Slots are handed out at the head, one
+after the other, wrapping at the end (a slot never straddles it: one that does not fit
+before the end starts at offset 0); frees may come in any order, and a freed slot's
+space is free again at once, merged with the free space around it. So a slot that is
+never freed holds its own bytes and no more: the slots around it are reused while it
+stays (a FIFO ring would stop at it). The head goes on from the last slot handed out
+to the first free run of space after it that fits, so a reader that frees slots in
+order sees them cycle through the whole ring. An empty ring starts again at offset 0,
+so a chunk that fits the ring at all fits an empty one.
 """
 
 from __future__ import annotations
@@ -33,12 +35,12 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from collections import deque
+from bisect import bisect_left, bisect_right
 
 from ..._util import final
 from . import _shm
 
-__all__ = ["ALIGN", "HEADER", "MIN_SIZE", "RingError", "RingReader", "RingWriter"]
+__all__ = ["ALIGN", "HEADER", "MIN_SIZE", "RingError", "RingReader", "RingWriter", "slot_bytes"]
 
 #: Slots start at multiples of this (bytes).
 ALIGN = 64
@@ -58,7 +60,7 @@ class RingError(Exception):
     is gone (closed)."""
 
 
-def _slot_bytes(nbytes: int) -> int:
+def slot_bytes(nbytes: int) -> int:
     """The bytes a slot for an ``nbytes`` chunk takes: header and data, aligned."""
     return -(-(HEADER + nbytes) // ALIGN) * ALIGN
 
@@ -70,13 +72,11 @@ def _path(name: str) -> str:
 
 
 class _Slot:
-    __slots__ = ("freed", "held", "nbytes", "offset")
+    __slots__ = ("held", "nbytes")
 
-    def __init__(self, offset: int, held: int, nbytes: int) -> None:
-        self.offset = offset
-        self.held = held  # the bytes it keeps from the ring, the tail wasted at a wrap included
+    def __init__(self, held: int, nbytes: int) -> None:
+        self.held = held  # the bytes it keeps from the ring: header and data, aligned
         self.nbytes = nbytes  # the most data it takes
-        self.freed = False
 
 
 @final
@@ -88,8 +88,11 @@ class RingWriter:
         self.name = name
         self.size = size
         self._map: mmap.mmap | None = segment
-        self._slots: deque[_Slot] = deque()  # allocation order; freed ones until the tail passes
         self._live: dict[int, _Slot] = {}  # offset -> not yet freed slot
+        # The free runs of space, apart (two that touch are merged): where each
+        # starts, in order, and where it ends.
+        self._starts: list[int] = [0]
+        self._ends: dict[int, int] = {0: size}
         self._head = 0  # where the next slot goes, if it fits
         self._in_use = 0
 
@@ -121,8 +124,8 @@ class RingWriter:
 
     @property
     def in_use(self) -> int:
-        """The bytes the ring cannot hand out now: live slots, freed slots still behind
-        a live one, and the end's space skipped at a wrap."""
+        """The bytes of the slots allocated and not freed yet (headers and alignment
+        included). The rest is free, though maybe not in one run."""
         return self._in_use
 
     @property
@@ -132,7 +135,7 @@ class RingWriter:
 
     def capacity_for(self, nbytes: int) -> bool:
         """Whether a chunk of ``nbytes`` could ever fit (in an empty ring)."""
-        return nbytes >= 0 and _slot_bytes(nbytes) <= self.size
+        return nbytes >= 0 and slot_bytes(nbytes) <= self.size
 
     def allocate(self, nbytes: int) -> int | None:
         """The offset of a new slot for a chunk of up to ``nbytes``, or ``None`` if the
@@ -147,29 +150,51 @@ class RingWriter:
             raise ValueError(f"a chunk has a size of at least 0 bytes, not {nbytes}")
         if not self.capacity_for(nbytes):
             raise ValueError(
-                f"a chunk of {nbytes} bytes needs a slot of {_slot_bytes(nbytes)} bytes; "
+                f"a chunk of {nbytes} bytes needs a slot of {slot_bytes(nbytes)} bytes; "
                 f"ring {self.name} holds {self.size} bytes"
             )
-        need = _slot_bytes(nbytes)
-        head = self._head
-        if self._slots:
-            tail = self._slots[0].offset
-            if head > tail:  # one run [tail, head): room at [head, size), then [0, tail)
-                if head + need > self.size:
-                    if need > tail:
-                        return None
-                    skipped = self.size - head  # held by the slot before, until it is freed
-                    self._slots[-1].held += skipped
-                    self._in_use += skipped
-                    head = 0
-            elif head + need > tail:  # wrapped, [tail, size) and [0, head): room at [head, tail)
-                return None
-        slot = _Slot(head, need, nbytes)
-        self._slots.append(slot)
-        self._live[head] = slot
-        self._head = head + need
+        need = slot_bytes(nbytes)
+        offset = self._fit(need)
+        if offset is None:
+            return None
+        self._take(offset, need)
+        self._live[offset] = _Slot(need, nbytes)
+        self._head = offset + need
         self._in_use += need
-        return head
+        return offset
+
+    def _fit(self, need: int) -> int | None:
+        """Where a slot of ``need`` bytes goes: at the head, if the free run it is in
+        has room from there; else at the start of the first free run after it, going
+        round, that has room."""
+        starts, ends, head = self._starts, self._ends, self._head
+        after = bisect_right(starts, head)  # the runs from this index start after the head
+        if after and head + need <= ends[starts[after - 1]]:
+            return head  # (the run before it ends after it: it is free)
+        for first, stop in ((after, len(starts)), (0, after)):  # going round
+            for index in range(first, stop):
+                start = starts[index]
+                if ends[start] - start >= need:
+                    return start
+        return None
+
+    def _take(self, offset: int, need: int) -> None:
+        """Take ``[offset, offset + need)`` out of the free run it is in."""
+        starts, ends = self._starts, self._ends
+        index = bisect_right(starts, offset) - 1
+        start = starts[index]
+        end = ends.pop(start)
+        rest = offset + need
+        if offset > start:
+            ends[start] = offset
+            if rest < end:
+                starts.insert(index + 1, rest)
+                ends[rest] = end
+        elif rest < end:
+            starts[index] = rest
+            ends[rest] = end
+        else:
+            del starts[index]
 
     def write(self, offset: int, tag: int, data: bytes | bytearray | memoryview) -> None:
         """Write the header (``tag`` and the length of ``data``) and ``data`` into the
@@ -198,8 +223,7 @@ class RingWriter:
         _HEADER.pack_into(segment, offset, tag, nbytes)
 
     def free(self, offset: int) -> None:
-        """Give back the slot at ``offset``. Its space is handed out again once every
-        slot allocated before it is freed too.
+        """Give back the slot at ``offset``: its space may be handed out again at once.
 
         Raises:
           ValueError: no slot of this ring is allocated at ``offset`` (or it was freed).
@@ -208,21 +232,34 @@ class RingWriter:
         if slot is None:
             raise ValueError(f"ring {self.name} has no slot allocated at offset {offset}")
         _HEADER.pack_into(self._segment(), offset, *_FREED)
-        slot.freed = True
-        slots = self._slots
-        while slots and slots[0].freed:
-            self._in_use -= slots.popleft().held
-        if not slots:
-            self._head = 0
+        self._in_use -= slot.held
+        if not self._live:
+            self._empty()
+            return
+        starts, ends = self._starts, self._ends
+        start, end = offset, offset + slot.held
+        index = bisect_left(starts, start)  # the free runs before it end at or before it
+        if index < len(starts) and starts[index] == end:  # merged with the run after it
+            end = ends.pop(end)
+            del starts[index]
+        if index and ends[starts[index - 1]] == start:  # ... and the one before it
+            ends[starts[index - 1]] = end
+        else:
+            starts.insert(index, start)
+            ends[start] = end
+
+    def _empty(self) -> None:
+        self._starts = [0]
+        self._ends = {0: self.size}
+        self._head = self._in_use = 0
 
     def free_all(self) -> None:
         """Free every slot (the reader is gone)."""
         if self._map is not None:
             for offset in self._live:
                 _HEADER.pack_into(self._map, offset, *_FREED)
-        self._slots.clear()
         self._live.clear()
-        self._head = self._in_use = 0
+        self._empty()
 
     def close(self) -> None:
         """Unmap the ring and unlink its name. Idempotent."""

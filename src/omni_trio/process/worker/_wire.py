@@ -28,9 +28,11 @@ __all__ = [
     "DECODE_TO_SENDER",
     "DECODE_TO_WORKER",
     "MAX_FRAME",
+    "STARTUP_TIMEOUT",
     "Abort",
     "Ack",
     "Chunk",
+    "Credit",
     "Drop",
     "Failed",
     "Fatal",
@@ -55,6 +57,9 @@ __all__ = [
 
 #: Frames larger than this (bytes, without the 4-byte header) end the connection.
 MAX_FRAME = 64 * 1024 * 1024
+#: Seconds a sender waits for a stage's next worker when ``Init`` does not say
+#: (``WorkerOptions.startup_timeout``'s default).
+STARTUP_TIMEOUT = 30.0
 
 _HEADER = struct.Struct(">I")
 
@@ -83,9 +88,15 @@ class Init(_Message):
     ``Chunk`` frame (0: none does), a bigger one through a ring of ``ring_bytes`` per
     downstream connection. A request may have ``window`` chunks, and ``window_bytes``
     bytes of inline chunks, sent and not yet acknowledged per downstream stage; its
-    sender waits for more. The worker listens on a Unix socket of its host, or with
+    sender waits for more (its chunks in a ring are bounded by its share of the ring
+    instead). The worker listens on a Unix socket of its host, or with
     ``listen_host``, on TCP at that address (so that workers of other hosts can
     connect; chunks then travel inline).
+
+    ``target_labels`` and ``target_startup_timeouts`` name each stage of ``targets``
+    (``stage 1 (talker)``) and say how long its sender waits for its next worker while
+    it has none (its ``startup_timeout``; :data:`STARTUP_TIMEOUT` if absent) before
+    the request sending fails.
     """
 
     stage_id: int
@@ -103,6 +114,8 @@ class Init(_Message):
     window: int = 64
     window_bytes: int = 1 << 20
     listen_host: str = ""
+    target_labels: dict[int, str] = {}
+    target_startup_timeouts: dict[int, float] = {}
 
 
 class Submit(_Message):
@@ -113,6 +126,23 @@ class Submit(_Message):
     request_id: str
     inputs: Any
     life: int = 0
+    outputs: int = 0
+    """Flow control: the request may have this many ``Output`` frames sent before it
+    gets more credit (``Credit``); 0: no flow control for it (not a final stage of
+    it, or an orchestrator that gives none)."""
+    nbytes: int = 0
+    """...and this many bytes of their data (``bytes`` and ``str`` count their length,
+    anything else 0); an output bigger than what is left goes once at least half of
+    this is."""
+
+
+class Credit(_Message):
+    """The request's consumer took outputs: it may send ``outputs`` more, of ``nbytes``
+    more bytes (ignored for a request the worker does not run)."""
+
+    request_id: str
+    outputs: int
+    nbytes: int
 
 
 class Abort(_Message):
@@ -171,7 +201,31 @@ class Failed(_Message):
 
 
 class Pong(_Message):
+    """The answer to ``Ping(seq)``, and the sizes of the worker's per-request tables
+    at that moment (0 from a worker that does not say):
+
+    ``requests``: requests it knows (running, ended and not yet released, or known by
+    their chunks alone); ``chunks_waiting``: notices in their inboxes (chunks not yet
+    read, ends of stream, losses); ``chunks_held``, ``chunk_bytes_held``: chunks
+    taken for requests not running there (copied out and acknowledged, kept for a
+    ``Submit`` or until a ``Drop``); ``chunks_unacked``, ``chunk_bytes_unacked``:
+    chunks it sent downstream that are not acknowledged yet, and the bytes of those
+    that went inline; ``requests_written``: requests it sent chunks of downstream
+    and has not released; ``acks_owed``: requests whose acknowledgements it owes
+    its upstream workers (batched, or asked for by a waiting sender);
+    ``ring_bytes_in_use``: of its rings to the workers downstream.
+    """
+
     seq: int
+    requests: int = 0
+    chunks_waiting: int = 0
+    chunks_held: int = 0
+    chunk_bytes_held: int = 0
+    chunks_unacked: int = 0
+    chunk_bytes_unacked: int = 0
+    requests_written: int = 0
+    acks_owed: int = 0
+    ring_bytes_in_use: int = 0
 
 
 # -- a chunk link (a sending worker <-> a reading worker) -----------------------------------
@@ -239,7 +293,7 @@ class Ack(_Message):
     slots: list[int]
 
 
-ToWorker = Init | Submit | Abort | Release | Ping | Shutdown | Route
+ToWorker = Init | Submit | Credit | Abort | Release | Ping | Shutdown | Route
 FromWorker = Ready | Fatal | Output | Failed | Pong
 ToReader = Hello | Ring | Chunk | Lost | Drop | Waiting
 

@@ -4,8 +4,8 @@
 (:mod:`._main`, ``python -m omni_trio.process.worker``), a task of the
 orchestrator's own Trio run (an in-process stage), or a Ray actor. Its control
 connection -- any ``trio.abc.Stream`` -- carries frames from the orchestrator
-(``Init`` first, then ``Submit``, ``Abort``, ``Release``, ``Route``, ``Ping``,
-``Shutdown``) and back (``Ready``/``Fatal``, ``Output``, ``Failed``, ``Pong``). In
+(``Init`` first, then ``Submit``, ``Credit``, ``Abort``, ``Release``, ``Route``,
+``Ping``, ``Shutdown``) and back (``Ready``/``Fatal``, ``Output``, ``Failed``, ``Pong``). In
 async_chunk mode chunks go straight to the workers of the stages downstream, over
 links the orchestrator routes (:mod:`._links`), opened through a
 :class:`~._transport.Transport`; a worker that reads chunks listens for them.
@@ -23,20 +23,26 @@ from typing import Any
 
 import trio
 
-from ..._util import describe, import_object
+from ..._util import describe, import_object, output_size
 from . import _wire as wire
-from ._engine import Engine, EngineFactory, EngineRequest, Last
+from ._engine import ChunkLostError, Engine, EngineFactory, EngineRequest, Last
 from ._framing import PEER_GONE, FrameReader, FrameWriter, write_until_closed
 from ._links import InLink, OutLink
-from ._requests import Gate, RequestIO, WorkerRequest
+from ._requests import Gate, OutputCredit, RequestIO, WorkerRequest
 from ._ring import RingError, RingReader
 from ._shm import worker_name
 from ._transport import SocketTransport, Transport
 
-__all__ = ["REMEMBER_RELEASED", "Worker", "serve"]
+__all__ = ["EARLY_WINDOWS", "REMEMBER_RELEASED", "Worker", "serve"]
 
 #: Bytes a chunk link's reader asks for at a time (its frames may be big).
 LINK_READ_SIZE = 1 << 18
+
+#: A request not running here (yet) may have this many windows of chunks taken and
+#: held for its Submit: a Submit comes a moment after the first chunks, but a busy
+#: orchestrator may take a while, and tiny chunks come fast. (A text-only request
+#: never runs at its talker: beyond the bound its chunks are dropped, harmlessly.)
+EARLY_WINDOWS = 16
 
 #: How many released request ids a worker remembers (see ``Worker.released``).
 REMEMBER_RELEASED = 4096
@@ -68,6 +74,12 @@ class Worker:
         #: that trail their request's release are dropped instead of starting a
         #: request that never ends.
         self.released: dict[str, int] = {}
+        #: Requests whose chunks were dropped before their Submit, oldest first: the
+        #: life and why. A Submit of that life fails at once. As bounded as
+        #: ``released``.
+        self.lost: dict[str, tuple[int, str]] = {}
+        #: Its connections from upstream workers, while they last.
+        self.inlinks: set[InLink] = set()
 
     def _request(self, request_id: str) -> WorkerRequest:
         known = self.requests.get(request_id)
@@ -81,11 +93,19 @@ class Worker:
         kind = type(message)
         if kind is wire.Submit:
             self.released.pop(message.request_id, None)  # the id's next life
+            if self._lost_before_submit(message):
+                return True
             request = self._request(message.request_id)
             life = request.life = message.life
             request.drain(keep=lambda of: of == life)  # not what an earlier life left
             request.running = True  # from now on its engine acknowledges its chunks
+            if message.outputs:
+                request.credit = OutputCredit(message.outputs, message.nbytes)
             nursery.start_soon(self._run, message.request_id, message.inputs, request)
+        elif kind is wire.Credit:
+            credited = self.requests.get(message.request_id)
+            if credited is not None and credited.credit is not None:
+                credited.credit.add(message.outputs, message.nbytes)
         elif kind is wire.Abort:
             running = self.requests.get(message.request_id)
             if running is not None:
@@ -97,7 +117,7 @@ class Worker:
                 if link.target == message.stage_id:
                     link.route(message.address, message.gone)
         elif kind is wire.Ping:
-            self.control.send_nowait(wire.encode(wire.Pong(message.seq)))
+            self.control.send_nowait(wire.encode(self.report(message.seq)))
         elif kind is wire.Shutdown:
             return False
         else:
@@ -112,14 +132,15 @@ class Worker:
         if kind is wire.Chunk or kind is wire.Lost:
             self._on_notice(link, frame)
         elif kind is wire.Waiting:
-            link.waiting(frame.request_id)
-        elif kind is wire.Drop:
             request = self.requests.get(frame.request_id)
-            if request is not None and not request.running and not request.finished:
-                # Never submitted here: nobody else will release what that life left.
-                request.drain(keep=lambda of: of > frame.life)
-                if not request.inbox_receive.statistics().current_buffer_used:
-                    self.release(frame.request_id, frame.life)
+            if request is None or request.finished:  # none of its chunks will be read
+                link.forget(frame.request_id)
+            else:
+                link.waiting(frame.request_id)
+        elif kind is wire.Drop:
+            # Never submitted here: nobody else will release what that life left.
+            self._forget(frame.request_id, frame.life)
+            link.forget(frame.request_id)  # its sender is done with it: what is owed goes
         elif kind is wire.Ring:
             try:
                 link.ring = RingReader.open(frame.name)
@@ -139,11 +160,15 @@ class Worker:
         if isinstance(notice, wire.Lost):
             if request is not None and not request.finished and not request.upstream_done:
                 request.inbox_send.send_nowait((notice, None))  # else: every chunk arrived
+                if not request.running:
+                    request.source, request.source_life = link, life
             return
         if notice.eos:
             if request is not None and not request.finished:
                 request.upstream_done = True
                 request.inbox_send.send_nowait((notice, link))
+                if not request.running:
+                    request.source, request.source_life = link, life
             return
         if request is None or request.finished:  # nobody will read it
             link.ack(request_id, notice.offset, notice.size)
@@ -152,7 +177,21 @@ class Worker:
             request.inbox_send.send_nowait((notice, link))  # acknowledged once read
             return
         # No engine reads it yet: take it now, so its sender is not held up by a
-        # request that may never run here (a text-only request's talker).
+        # request that may never run here (a text-only request's talker) -- up to
+        # what a running request could have outstanding: beyond, it is dropped, and
+        # a Submit of it fails.
+        init = self.init
+        most, most_bytes = EARLY_WINDOWS * init.window, init.window_bytes + init.ring_bytes
+        if request.held >= most or request.held_bytes + notice.size > most_bytes:
+            link.ack(request_id, notice.offset, notice.size)
+            self._lose(
+                request_id,
+                life,
+                f"more than {most} chunks or {most_bytes} bytes of it came while it was "
+                "not running here",
+            )
+            return
+        request.source, request.source_life = link, life
         taken: wire.Chunk | wire.Lost = notice
         if notice.offset >= 0:
             try:
@@ -161,14 +200,63 @@ class Worker:
             except (RingError, wire.ProtocolError) as exc:
                 taken = wire.Lost(request_id, f"chunk {notice.seq}: {exc}", life)
         link.ack(request_id, notice.offset, notice.size)
+        if isinstance(taken, wire.Chunk):
+            request.held += 1
+            request.held_bytes += notice.size
         request.inbox_send.send_nowait((taken, None))
 
     def link_closed(self, link: InLink) -> None:
         """An upstream worker's connection ended. Nothing is failed here: a request
         whose chunks stopped mid-stream was running at that worker, and its stage
         fails it -- naming the worker that died, not this stage; everything that
-        worker wrote before it went is still read."""
+        worker wrote before it went is still read by a request running here.
+
+        What it fed a request not running here is dropped: that worker will never
+        ``Drop`` it. If such a request is submitted here after all (its stage's
+        submit was slow), it fails, naming the loss, rather than wait for chunks that
+        are gone. A request that a later link feeds (the worker's successor, with a
+        later life) is not touched."""
         link.close()
+        self.inlinks.discard(link)
+        orphans = [
+            (request_id, request.source_life)
+            for request_id, request in self.requests.items()
+            if request.source is link and not request.running and not request.finished
+        ]
+        for request_id, life in orphans:
+            self._lose(request_id, life, "the upstream worker that sent them went away")
+
+    def _forget(self, request_id: str, life: int) -> bool:
+        """Drop what a request that is not running here holds of its lives up to
+        ``life``, and forget it if that was all; whether it was forgotten."""
+        request = self.requests.get(request_id)
+        if request is None or request.running or request.finished:
+            return False
+        request.drain(keep=lambda of: of > life)
+        if request.inbox_receive.statistics().current_buffer_used:
+            return False  # a later life's chunks
+        self.release(request_id, life)
+        return True
+
+    def _lose(self, request_id: str, life: int, reason: str) -> None:
+        """Drop a request not running here (its chunks up to life ``life``), and
+        remember why: a Submit of that life fails."""
+        self._forget(request_id, life)
+        self.lost[request_id] = (life, reason)
+        if len(self.lost) > REMEMBER_RELEASED:
+            del self.lost[next(iter(self.lost))]
+
+    def _lost_before_submit(self, submit: wire.Submit) -> bool:
+        """Fail a Submit whose chunks were dropped before it came; whether it was."""
+        request_id = submit.request_id
+        lost = self.lost.pop(request_id, None)
+        if lost is None or lost[0] != submit.life:
+            return False
+        self.released[request_id] = submit.life  # what still comes of it is dropped
+        why = f"request {request_id!r}: its chunks were dropped before its Submit: {lost[1]}"
+        error = describe(ChunkLostError(why))
+        self.control.send_nowait(wire.encode(wire.Failed(request_id, error)))
+        return True
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -182,14 +270,53 @@ class Worker:
             request.finished = True
             request.drain()
         self.released[request_id] = max(life, self.released.pop(request_id, 0))
+        self.lost.pop(request_id, None)
         if len(self.released) > REMEMBER_RELEASED:
             del self.released[next(iter(self.released))]
         for link in self.outlinks:
             link.release(request_id)
+        for inlink in self.inlinks:
+            inlink.forget(request_id)
 
     def release_all(self) -> None:
         for request_id in list(self.requests):
             self.release(request_id)
+
+    def close(self) -> None:
+        """The worker stops: every request is released, every link closed."""
+        self.release_all()
+        for link in self.outlinks:
+            link.close()
+        for inlink in list(self.inlinks):
+            self.link_closed(inlink)
+
+    def report(self, seq: int) -> wire.Pong:
+        """The answer to ``Ping(seq)``: the sizes of its per-request tables."""
+        waiting = held = held_bytes = 0
+        for request in self.requests.values():
+            waiting += request.inbox_receive.statistics().current_buffer_used
+            if not request.running:
+                held += request.held
+                held_bytes += request.held_bytes
+        unacked = unacked_bytes = written = ring_bytes = 0
+        for link in self.outlinks:
+            chunks, nbytes, requests, in_use = link.usage()
+            unacked += chunks
+            unacked_bytes += nbytes
+            written += requests
+            ring_bytes += in_use
+        return wire.Pong(
+            seq,
+            requests=len(self.requests),
+            chunks_waiting=waiting,
+            chunks_held=held,
+            chunk_bytes_held=held_bytes,
+            chunks_unacked=unacked,
+            chunk_bytes_unacked=unacked_bytes,
+            requests_written=written,
+            acks_owed=sum(inlink.owed for inlink in self.inlinks),
+            ring_bytes_in_use=ring_bytes,
+        )
 
     async def _run(self, request_id: str, inputs: Any, request: WorkerRequest) -> None:
         io = RequestIO(self, request_id, request)
@@ -213,6 +340,15 @@ class Worker:
                             if isinstance(data, Last):
                                 last = data.data
                                 break  # the engine said so: closing it is its end
+                            credit = request.credit
+                            if credit is not None:  # flow control: its consumer's pace
+                                size = output_size(data)
+                                if not credit.allows(size):
+                                    if request.inside:  # waiting to send is not computing
+                                        request.inside = False
+                                        self.gate.leave()
+                                    await credit.wait_for(size)
+                                credit.spend(size)
                             frame = wire.encode(wire.Output(request_id, data, False))
                             del data
                             control.send_nowait(frame)
@@ -294,9 +430,7 @@ async def serve(
         except _ORCHESTRATOR_GONE:
             pass  # the orchestrator went away (a close with frames unread is a reset)
         finally:
-            worker.release_all()
-            for link in worker.outlinks:
-                link.close()
+            worker.close()
             nursery.cancel_scope.cancel()
 
 
@@ -311,6 +445,7 @@ async def _read_link(stream: trio.abc.Stream, worker: Worker) -> None:
     """Serve one upstream worker's connection: its frames to the requests, our
     acknowledgements back."""
     link = InLink(stream, worker.init.window, worker.init.window_bytes)
+    worker.inlinks.add(link)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(write_until_closed, link.writer)
