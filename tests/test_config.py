@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import pytest
 
 from omni_trio import open_orchestrator
-from omni_trio.config import ConfigError, load_pipeline, parse_pipeline
+from omni_trio.config import ConfigError, PipelineSection, load_pipeline, parse_pipeline
 from omni_trio.demo.runner import template
 from omni_trio.process._options import WINDOW, WINDOW_BYTES
 
@@ -307,3 +308,13 @@ def test_inline_chunk_bytes_reaches_the_connector_and_defaults_to_64_kib():
     assert parse_pipeline(GOOD).pipeline.inline_chunk_bytes == 65536
     text = GOOD.replace('name = "tiny"', 'name = "tiny"\ninline_chunk_bytes = 0')
     assert parse_pipeline(text).pipeline.inline_chunk_bytes == 0
+
+
+def test_the_reference_configs_sample_is_a_valid_config():
+    """docs/config.md's sample names every [pipeline] key: it parses, as written."""
+    text = (Path(__file__).parents[1] / "docs" / "config.md").read_text()
+    sample = text.split("```toml\n", 1)[1].split("```", 1)[0]
+    config = parse_pipeline(sample, source="docs/config.md")
+    written = {line.split("=")[0].strip() for line in sample.split("[[stages]]")[0].splitlines()}
+    assert set(PipelineSection.__struct_fields__) - written <= {"ray_address"}
+    assert config.pipeline.max_unread_bytes == 4 * 1024 * 1024
