@@ -79,6 +79,7 @@ LAYERS = [
             "process._connection",
             "process._connector",
             "process._stage",
+            "process._open",
             "process.testing",
         },
         {"foundations", "worker", "worker options"},

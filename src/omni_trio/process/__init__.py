@@ -24,6 +24,8 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from ._connector import ConnectorStatistics as ConnectorStatistics
     from ._connector import ShmConnector as ShmConnector
     from ._connector import open_shm_connector as open_shm_connector
+    from ._open import open_inprocess_stage as open_inprocess_stage
+    from ._open import open_process_stage as open_process_stage
     from ._options import WorkerOptions as WorkerOptions
     from ._pipeline import ProcessPipeline as ProcessPipeline
     from ._pipeline import open_process_pipeline as open_process_pipeline
@@ -33,8 +35,6 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from ._stage import ProcessStage as ProcessStage
     from ._stage import ProcessStageStatistics as ProcessStageStatistics
     from ._stage import WorkerUnavailableError as WorkerUnavailableError
-    from ._stage import open_inprocess_stage as open_inprocess_stage
-    from ._stage import open_process_stage as open_process_stage
     from .testing import LocalRayCluster as LocalRayCluster
     from .testing import local_ray_cluster as local_ray_cluster
     from .worker._engine import ChunkIO as ChunkIO
@@ -54,13 +54,8 @@ _EXPORTS = {
     "._pipeline": ["ProcessPipeline", "open_process_pipeline"],
     "._ray_launcher": ["open_ray_stage"],
     "._ray_session": ["RaySession", "open_ray_session"],
-    "._stage": [
-        "ProcessStage",
-        "ProcessStageStatistics",
-        "WorkerUnavailableError",
-        "open_inprocess_stage",
-        "open_process_stage",
-    ],
+    "._open": ["open_inprocess_stage", "open_process_stage"],
+    "._stage": ["ProcessStage", "ProcessStageStatistics", "WorkerUnavailableError"],
     # where they lived first: omni_trio.process.testing is their home now
     ".testing": ["LocalRayCluster", "local_ray_cluster"],
     ".worker._engine": [

@@ -13,7 +13,8 @@ import attrs
 from .._util import final, stage_label
 from ..config import PipelineConfig
 from ._connector import ShmConnector, open_shm_connector
-from ._stage import ProcessStage, open_inprocess_stage, open_process_stage
+from ._open import open_inprocess_stage, open_process_stage
+from ._stage import ProcessStage
 from .worker import _shm
 
 __all__ = ["ProcessPipeline", "open_process_pipeline"]

@@ -46,9 +46,10 @@ from .._util import final, stage_label
 from ._connection import WorkerStartError
 from ._connector import ShmConnector
 from ._launcher import LaunchedWorker, WorkerPlace
+from ._open import importable_path, open_stage, stage_options
 from ._options import WorkerOptions
 from ._ray_session import RaySession, import_ray, open_ray_session
-from ._stage import ProcessStage, importable_path, open_stage, stage_options
+from ._stage import ProcessStage
 from .worker._engine import EngineFactory
 from .worker._ray_actor import Hello, StageActor
 
