@@ -174,8 +174,25 @@ async def running_server(
     max_waiting: int = 64,
     shutdown_grace: float = 5.0,
     on_outputs: Any = None,
+    max_request_bytes: int | None = None,
+    max_unread_bytes: int | None = None,
+    consumer_idle_timeout: float | None = None,
+    middleware: Any = None,
+    write_timeout: float | None = None,
 ) -> AsyncIterator[Server]:
-    """Serve the scripted pipeline on a free port for the duration of the block."""
+    """Serve the scripted pipeline on a free port for the duration of the block
+    (``None``: the default of that bound); ``middleware``: an ASGI middleware class
+    around the app."""
+    bounds = {
+        name: value
+        for name, value in (
+            ("max_unread_bytes", max_unread_bytes),
+            ("consumer_idle_timeout", consumer_idle_timeout),
+        )
+        if value is not None
+    }
+    app_options = {} if max_request_bytes is None else {"max_request_bytes": max_request_bytes}
+    serve_options = {} if write_timeout is None else {"write_timeout": write_timeout}
     async with trio.open_nursery() as nursery:
         engine = Engine(nursery)
 
@@ -186,6 +203,7 @@ async def running_server(
                 {o.stage_id for o in outputs},
                 prewarm_fn=warm,
                 max_in_flight=max_in_flight,
+                **bounds,
             ) as orchestrator:
                 yield ScriptedPipeline(orchestrator, engine.stages)
 
@@ -194,7 +212,10 @@ async def running_server(
             open_pipeline,
             max_waiting=max_waiting,
             on_outputs=on_outputs,
+            **app_options,
         )
+        if middleware is not None:
+            app.add_middleware(middleware)
         stopping, returned = trio.Event(), trio.Event()
 
         async def run(task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
@@ -204,6 +225,7 @@ async def running_server(
                 stopping=stopping,
                 shutdown_grace=shutdown_grace,
                 task_status=task_status,
+                **serve_options,
             )
             returned.set()
 

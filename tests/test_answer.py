@@ -105,6 +105,36 @@ def test_text_alone_has_no_audio_and_audio_alone_no_content():
     assert audio.whole(None).choices[0].message.content is None
 
 
+def test_a_whole_answer_keeps_at_most_max_whole_bytes():
+    """Text counts its length, audio its bytes; the output that would pass the bound
+    is refused (400, naming max_unread_bytes) and not kept."""
+    answer = Answer(plan(stream=False), "m", max_whole_bytes=10)
+    answer.take([out(0, "abcd"), out(2, b"\x01\x00" * 3)])  # 4 + 6: the bound exactly
+    with pytest.raises(OpenAIError) as caught:
+        answer.take([out(0, "e")])
+    error = caught.value
+    assert (error.status, error.type, error.param, error.code) == (
+        400,
+        "invalid_request_error",
+        "stream",
+        "answer_too_large",
+    )
+    assert error.message == (
+        "the answer exceeds max_unread_bytes (10 bytes), what a whole answer may hold: "
+        "stream it (stream=true), or raise [pipeline] max_unread_bytes"
+    )
+    with pytest.raises(OpenAIError, match="max_unread_bytes"):
+        answer.take([out(2, b"\x00\x00")])
+    answer.take([out(0, None, True, "completed")])  # a finish without data adds nothing
+    assert answer.whole(None).choices[0].message.content == "abcd"
+
+
+def test_a_streamed_answer_keeps_nothing_so_the_bound_does_not_apply():
+    answer = Answer(plan(stream=True), "m", max_whole_bytes=1)
+    raw = answer.take([out(0, "abcd"), out(2, b"\x01\x00" * 8)])
+    assert len(events(raw)) == 2
+
+
 def test_audio_that_is_not_bytes_is_an_error_naming_the_stage():
     with pytest.raises(OpenAIError, match="code2wav sent audio that is not bytes: int") as caught:
         Answer(plan(), "m").take([out(2, 7)])
@@ -117,3 +147,18 @@ def test_an_error_event_is_the_error_object_then_done():
     assert events(raw)[0] == {
         "error": {"message": "stage 1 failed", "type": "server_error", "param": None, "code": None}
     }
+
+
+def test_a_backlog_is_written_in_bounded_parts():
+    """A response that takes a big backlog at once encodes and writes it a part of
+    about WRITE_BYTES of data at a time; a small batch is one part, itself."""
+    from omni_trio.serve._chat import WRITE_BYTES, _parts
+
+    small = [OrchOutput("r", 2, b"x" * 100, False) for _ in range(3)]
+    assert list(_parts(small)) == [small]
+    [only] = _parts(small)
+    assert only is small
+    big = [OrchOutput("r", 2, b"y" * (WRITE_BYTES // 4), False) for _ in range(10)]
+    parts = list(_parts(big))
+    assert [len(part) for part in parts] == [4, 4, 2]
+    assert [o for part in parts for o in part] == big

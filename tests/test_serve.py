@@ -7,17 +7,22 @@ by a generous ``fail_after`` that only a hang would reach.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
+from typing import ClassVar
 
 import httpx
 import openai
 import pytest
 import trio
 import trio.testing
+from trio_util import AsyncValue
 
+from omni_trio.serve import ServedModel, create_app
+from omni_trio.serve._state import ServerStatistics
 from serve_helpers import (
     AUDIO,
     AUDIO_CHUNKS,
@@ -646,6 +651,17 @@ async def stage_outputs(server, label: str) -> float:
     return (await scrape(server))["omni_trio:stage_outputs_total", {"stage": label}]
 
 
+NOTHING = ServerStatistics(active=0, running=0, waiting=0, tickets=0)
+
+
+async def nothing_left(server) -> None:
+    """Once the requests' handlers are done, the server keeps no record of them."""
+    with trio.fail_after(PROMPTLY):
+        await server.state.active.wait_value(0)
+    assert server.state.statistics() == NOTHING
+    assert server.state.tickets == set()
+
+
 class TestDisconnect:
     async def test_before_the_first_byte_every_stage_gets_abort(self, server):
         prompt = MANUAL + "hangs up before any output"
@@ -657,6 +673,7 @@ class TestDisconnect:
         metrics = await scrape(server)
         assert metrics.finished("aborted") == 1
         assert metrics["omni_trio:num_requests_running"] == 0
+        await nothing_left(server)
 
     async def test_while_waiting_for_admission_the_request_never_runs(self):
         async with running_server(max_in_flight=1, max_waiting=4) as server:
@@ -677,6 +694,9 @@ class TestDisconnect:
                 with trio.fail_after(PROMPTLY):
                     await server.state.active.wait_value(1)
                 assert (await scrape(server))["omni_trio:num_requests_waiting"] == 0
+                assert server.state.statistics() == ServerStatistics(
+                    active=1, running=1, waiting=0, tickets=1
+                )
                 await server.engine.play_all(held)
             assert first[0].status_code == 200
             await trio.testing.wait_all_tasks_blocked()
@@ -684,6 +704,7 @@ class TestDisconnect:
             metrics = await scrape(server)
             assert metrics.finished("completed") == 1
             assert metrics.finished("aborted") == 1  # its client left: it ended, unrun
+            await nothing_left(server)
 
     async def test_mid_stream_every_stage_gets_abort(self, server):
         prompt = MANUAL + "hangs up midway"
@@ -703,6 +724,7 @@ class TestDisconnect:
         metrics = await scrape(server)
         assert metrics.finished("aborted") == 1
         assert metrics["omni_trio:stage_outputs_total", {"stage": "thinker"}] == 2
+        await nothing_left(server)
 
     async def test_while_the_server_is_blocked_writing_every_stage_gets_abort(self, server):
         """A client that sends its request and never reads: once the socket buffers are
@@ -731,10 +753,60 @@ class TestDisconnect:
             assert metrics["omni_trio:num_requests_running"] == 1
             assert metrics.finished("aborted") == 0
             assert rid not in server.stages[2].aborts
+            assert server.state.statistics() == ServerStatistics(
+                active=1, running=1, waiting=0, tickets=1
+            )
         await server.engine.aborted_everywhere(prompt)
         metrics = await scrape(server)
         assert metrics.finished("aborted") == 1
         assert metrics["omni_trio:num_requests_running"] == 0
+        await nothing_left(server)
+
+    async def test_while_sending_its_body_nothing_is_left(self):
+        """A client that hangs up halfway through its request's body: the handler
+        reading it returns, the server never made a request of it, and it answers
+        the next client as before."""
+        async with running_server(middleware=Handlers) as server:
+            handlers = Handlers.last
+            prompt = MANUAL + "never finishes its body"
+            request = raw_request(server.port, chat_body(prompt))
+            async with connected(server) as sock:
+                await sock.send_all(request[: len(request) - 10])
+                with trio.fail_after(PROMPTLY):
+                    await handlers.running.wait_value(1)
+            with trio.fail_after(PROMPTLY):
+                await handlers.running.wait_value(0)
+            assert not server.engine.was_submitted(prompt, 0)
+            await nothing_left(server)
+            async with http_client() as client:
+                response = await client.post(server.chat_url(), json=chat_body("next"))
+            content = response.json()["choices"][0]["message"]["content"]
+            assert content == "".join(text_of("next"))
+            await nothing_left(server)
+
+    async def test_many_clients_hang_up_at_every_moment_and_nothing_is_left(self, server):
+        """Streams whose clients leave mid-stream and whole answers whose clients
+        leave before their first byte, all at once: the server's records are empty
+        after."""
+        prompts = [MANUAL + f"crowd {i}" for i in range(6)]
+        async with trio.open_nursery() as nursery:
+            for i, prompt in enumerate(prompts):
+                nursery.start_soon(self._hang_up, server, prompt, i % 2 == 0)
+        for prompt in prompts:
+            await server.engine.aborted_everywhere(prompt)
+        await nothing_left(server)
+        assert (await scrape(server)).finished("aborted") == len(prompts)
+
+    @staticmethod
+    async def _hang_up(server, prompt: str, midway: bool) -> None:
+        async with connected(server) as sock:
+            await sock.send_all(raw_request(server.port, chat_body(prompt, stream=midway)))
+            rid = await server.engine.submitted(prompt, 2)
+            if midway:
+                await server.stages[0].emit(rid, "some ")
+                received = b""
+                while b'"content":"some "' not in received:
+                    received += await sock.receive_some()
 
 
 # -- 9. /metrics ---------------------------------------------------------------------------------
@@ -869,3 +941,399 @@ class TestDrain:
                 await server.returned.wait()
             metrics = Metrics(server.state.metrics.render().decode())
             assert metrics.finished("aborted") == 1
+
+
+# -- 12. the server's own bounds -----------------------------------------------------------
+
+LIMIT = 2000  # max_request_bytes of these tests
+
+
+def body_of_size(size: int, prompt: str, **fields) -> bytes:
+    """A valid chat request body of exactly ``size`` bytes (padded in ``user``, which
+    the server ignores)."""
+    body = chat_body(prompt, user="", **fields)
+    body["user"] = "x" * (size - len(json.dumps(body).encode()))
+    data = json.dumps(body).encode()
+    assert len(data) == size
+    return data
+
+
+async def read_to_eof(sock: trio.SocketStream) -> tuple[int, dict[str, str], bytes]:
+    """The one response on a connection the server closes after it: status, headers
+    (lowercase names) and body."""
+    received = b""
+    with trio.fail_after(PROMPTLY):
+        async for data in sock:
+            received += data
+    head, _, body = received.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode().split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines)
+    return int(status_line.split()[1]), {k.lower(): v for k, v in headers.items()}, body
+
+
+def assert_too_large(status: int, body: bytes, limit: int = LIMIT) -> None:
+    assert status == 413
+    error = assert_error_object(json.loads(body), "invalid_request_error")
+    assert error["code"] == "request_too_large"
+    assert f"max_request_bytes is {limit} bytes" in error["message"]
+
+
+@pytest.fixture
+async def bounded():
+    async with running_server(max_request_bytes=LIMIT) as server:
+        yield server
+
+
+# httpx leaves its request body's async generator unfinished when the server answers
+# before it was all sent (as the openai client does its SSE decoder's, above).
+@pytest.mark.filterwarnings(r"ignore:Async generator 'httpx\._content\.:ResourceWarning")
+class TestRequestBodyBound:
+    async def test_a_body_of_the_limit_is_read_one_byte_more_is_413(self, bounded):
+        async with http_client() as client:
+            at = await client.post(
+                bounded.chat_url(),
+                content=body_of_size(LIMIT, "at the limit"),
+                headers={"content-type": "application/json"},
+            )
+            over = await client.post(
+                bounded.chat_url(),
+                content=body_of_size(LIMIT + 1, "over the limit"),
+                headers={"content-type": "application/json"},
+            )
+        assert at.status_code == 200
+        assert at.json()["choices"][0]["message"]["content"] == "".join(text_of("at the limit"))
+        assert_too_large(over.status_code, over.content)
+        assert over.headers["connection"] == "close"
+        assert f"({LIMIT + 1} bytes)" in over.json()["error"]["message"]
+        assert not bounded.engine.was_submitted("over the limit", 0)
+        await nothing_left(bounded)
+
+    async def test_a_content_length_over_the_limit_is_413_before_the_body_comes(self, bounded):
+        """The request's head alone: the server answers without waiting for a byte of
+        the body, and closes the connection."""
+        head = (
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            "Content-Type: application/json\r\nContent-Length: 10000000000\r\n\r\n"
+        )
+        async with connected(bounded) as sock:
+            await sock.send_all(head.encode())
+            status, headers, body = await read_to_eof(sock)
+        assert_too_large(status, body)
+        assert "(10000000000 bytes)" in json.loads(body)["error"]["message"]
+        assert headers["connection"] == "close"
+        await nothing_left(bounded)
+
+    async def test_a_chunked_body_is_refused_once_it_passes_the_limit(self, bounded):
+        """Transfer-Encoding: chunked, no length: the server reads until the count
+        passes the limit, answers 413 and reads no more (the body never ends)."""
+        head = (
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        chunk = b"%x\r\n%s\r\n" % (LIMIT // 2, b" " * (LIMIT // 2))
+        async with connected(bounded) as sock:
+            await sock.send_all(head.encode() + chunk + chunk)  # exactly the limit
+            with trio.move_on_after(0.2):  # not refused: it waits for more
+                assert await sock.receive_some() == b"never"
+            await sock.send_all(b"1\r\n \r\n")  # one byte over
+            status, headers, body = await read_to_eof(sock)
+        assert_too_large(status, body)
+        assert headers["connection"] == "close"
+        await nothing_left(bounded)
+
+    async def test_a_body_of_many_small_chunks_gets_413_and_the_connection_closes(self, bounded):
+        """Many chunks arrive at once: the server has received far more of the body
+        than it read when it answers (a queue of messages for the app, full), and it
+        still ends the response and closes the connection."""
+        head = (
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        chunk = b"10\r\n" + b" " * 16 + b"\r\n"
+        async with connected(bounded) as sock:
+            await sock.send_all(head.encode() + chunk * (LIMIT // 16 + 200))
+            status, headers, body = await read_to_eof(sock)
+        assert_too_large(status, body)
+        assert headers["connection"] == "close"
+        await nothing_left(bounded)
+
+    async def test_the_413_goes_out_while_the_server_holds_a_full_queue_of_the_body(self):
+        """When the 413's send is slow (here: held until it is so) while the client
+        keeps sending, Hypercorn's queue of body messages for the app fills up; the
+        response still ends and the connection closes (the server drops what it
+        queued rather than wait forever for the app to take it)."""
+        async with running_server(max_request_bytes=LIMIT, middleware=SlowToAnswer) as server:
+            size = 4 * 1024 * 1024
+            head = (
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {size}\r\n\r\n"
+            )
+            async with connected(server) as sock, trio.open_nursery() as nursery:
+
+                async def send_body():
+                    with contextlib.suppress(trio.BrokenResourceError):
+                        await sock.send_all(head.encode() + b" " * size)
+
+                nursery.start_soon(send_body)
+                status, headers, body = await read_to_eof(sock)
+                nursery.cancel_scope.cancel()
+            assert SlowToAnswer.held == [True]
+            assert_too_large(status, body)
+            assert headers["connection"] == "close"
+            await nothing_left(server)
+
+    async def test_an_endless_streamed_body_gets_413_through_httpx(self, bounded):
+        """httpx sending a body that never ends (a generator's): the server stops
+        reading it, answers 413, closes the connection; the client reads the 413."""
+        sent = [0]
+
+        class Endless:
+            def __aiter__(self):
+                return self
+
+            async def __anext__(self) -> bytes:
+                sent[0] += 16384
+                await trio.lowlevel.checkpoint()
+                return b" " * 16384
+
+        async with http_client() as client:
+            response = await client.post(
+                bounded.chat_url(), content=Endless(), headers={"content-type": "application/json"}
+            )
+        assert_too_large(response.status_code, response.content)
+        assert sent[0] > LIMIT
+        await nothing_left(bounded)
+        async with http_client() as client:  # the server goes on as before
+            ok = await client.post(bounded.chat_url(), json=chat_body("after"))
+        assert ok.json()["choices"][0]["message"]["content"] == "".join(text_of("after"))
+
+    async def test_a_long_head_is_431(self, server):
+        """Hypercorn's own bound on a request's line and headers (as docs/serving.md
+        says): a head still incomplete past 16 KiB is 431, and the connection closes."""
+        head = (
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"X-Padding: {'x' * 100_000}\r\nContent-Length: 2\r\n\r\n{{}}"
+        )
+        async with connected(server) as sock:
+            with contextlib.suppress(trio.BrokenResourceError):  # it may close first
+                await sock.send_all(head.encode())
+            status, _, _ = await read_to_eof(sock)
+        assert status == 431
+        await nothing_left(server)
+
+    async def test_the_default_is_one_mib(self, server):
+        async with http_client() as client:
+            ok = await client.post(
+                server.chat_url(),
+                content=body_of_size(1024 * 1024, "a MiB"),
+                headers={"content-type": "application/json"},
+            )
+            over = await client.post(
+                server.chat_url(),
+                content=body_of_size(1024 * 1024 + 1, "over a MiB"),
+                headers={"content-type": "application/json"},
+            )
+        assert ok.status_code == 200
+        assert_too_large(over.status_code, over.content, 1024 * 1024)
+
+    @pytest.mark.parametrize("value", [0, -1, True, 1.5, "1024"])
+    def test_create_app_checks_it(self, value):
+        with pytest.raises(ValueError, match=r"^max_request_bytes must be an integer >= 1, got "):
+            create_app(ServedModel(MODEL, (TEXT,)), None, max_request_bytes=value)
+
+
+class Handlers:
+    """ASGI middleware: counts the app's HTTP calls still running (``running``);
+    ``Handlers.last`` is the one the last app was built with."""
+
+    last: ClassVar[Handlers]
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.running = AsyncValue(0)
+        type(self).last = self
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        self.running.value += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.running.value -= 1
+
+
+class SlowToAnswer:
+    """ASGI middleware: holds the app's first ``http.response.start`` until Hypercorn's
+    queue of request messages for the app is full (as when the send waits on a slow
+    socket while the client goes on sending). ``held``: whether it did, per request.
+
+    Hypercorn's ``receive`` is its Trio memory channel's ``receive``: the queue's
+    statistics are its channel's."""
+
+    held: ClassVar[list[bool]] = []
+
+    def __init__(self, app) -> None:
+        self.app = app
+        type(self).held.clear()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        channel = receive.__self__
+        assert isinstance(channel, trio.MemoryReceiveChannel)
+
+        async def slow_send(message) -> None:
+            if message["type"] == "http.response.start":
+                stats = channel.statistics
+                with trio.fail_after(PROMPTLY):
+                    # polled: a channel has no event for being full
+                    while stats().current_buffer_used < stats().max_buffer_size:  # noqa: ASYNC110
+                        await trio.sleep(0.01)
+                type(self).held.append(True)
+            await send(message)
+
+        await self.app(scope, receive, slow_send)
+
+
+def whole_size(prompt: str) -> int:
+    """Bytes a whole answer of ``prompt`` keeps: its text's length, and its PCM's."""
+    return len("".join(text_of(prompt))) + len(b"".join(audio_of(prompt)))
+
+
+class TestWholeAnswerBound:
+    async def test_a_whole_answer_over_max_unread_bytes_fails_naming_it(self):
+        """The same answer: whole, it is over the bound and fails (400, and the
+        request is aborted at every stage); streamed, it all arrives; a whole answer
+        of exactly the bound is answered."""
+        whole, streamed, fits = MANUAL + "whole", MANUAL + "strm!", MANUAL + "fit"
+        limit = whole_size(fits)
+        assert whole_size(streamed) == whole_size(whole) > limit
+        async with (
+            running_server(max_unread_bytes=limit) as server,
+            http_client() as client,
+            trio.open_nursery() as nursery,
+        ):
+            assert server.state.max_answer_bytes == limit
+
+            async def emit_all_unfinished():
+                rid = await server.engine.submitted(whole, 2)
+                for delta in text_of(whole):
+                    await server.stages[0].emit(rid, delta)
+                for chunk in audio_of(whole):
+                    await server.stages[2].emit(rid, chunk)
+
+            nursery.start_soon(emit_all_unfinished)
+            response = await client.post(
+                server.chat_url(), json=chat_body(whole, audio={"format": "pcm16"})
+            )
+            assert response.status_code == 400
+            error = assert_error_object(response.json(), "invalid_request_error")
+            assert (error["param"], error["code"]) == ("stream", "answer_too_large")
+            assert f"max_unread_bytes ({limit} bytes)" in error["message"]
+            assert "stream=true" in error["message"]
+            assert "[pipeline] max_unread_bytes" in error["message"]
+            await server.engine.aborted_everywhere(whole)
+
+            nursery.start_soon(self._play_once_submitted, server, streamed)
+            response = await client.post(
+                server.chat_url(), json=chat_body(streamed, stream=True, audio={"format": "pcm16"})
+            )
+            events = sse_events(response.content)
+            assert texts(events) == text_of(streamed)
+            assert [b64(a["data"]) for a in audios(events)] == audio_of(streamed)
+            [(_, finish)] = finish_chunks(events)
+            assert finish["choices"][0]["finish_reason"] == "stop"
+
+            nursery.start_soon(self._play_once_submitted, server, fits)
+            response = await client.post(
+                server.chat_url(), json=chat_body(fits, audio={"format": "pcm16"})
+            )
+            assert response.status_code == 200
+            message = response.json()["choices"][0]["message"]
+            assert message["content"] == "".join(text_of(fits))
+            assert b64(message["audio"]["data"]) == b"".join(audio_of(fits))
+
+            metrics = await scrape(server)
+            assert (metrics.finished("error"), metrics.finished("completed")) == (1, 2)
+            await nothing_left(server)
+
+    @staticmethod
+    async def _play_once_submitted(server, prompt: str) -> None:
+        await server.engine.submitted(prompt, 2)
+        await server.engine.play_all(prompt)
+
+
+async def test_a_stream_left_unread_ends_after_consumer_idle_timeout():
+    """A client that stops reading and stays: after consumer_idle_timeout the request
+    ends (aborted at every stage); when the client reads on, it gets what was sent,
+    then the error event and [DONE]; then nothing is left."""
+    async with running_server(consumer_idle_timeout=0.5) as server:
+        prompt = MANUAL + "left unread"
+        chunk = b"\x01\x02" * (1 << 17)
+        async with connected(server, receive_buffer=16 * 1024) as sock:
+            body = chat_body(prompt, stream=True, audio={"format": "pcm16"})
+            await sock.send_all(raw_request(server.port, body))
+            rid = await server.engine.submitted(prompt, 2)
+            taken = -1
+            with trio.fail_after(PROMPTLY * 2):  # until the server is stuck writing
+                while taken < (taken := await stage_outputs(server, "code2wav")):
+                    for _ in range(8):
+                        await server.stages[2].emit(rid, chunk)
+                    await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+            await server.engine.aborted_everywhere(prompt)
+            received = b""
+            with trio.fail_after(PROMPTLY):
+                while not received.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"):
+                    received += await sock.receive_some()
+        assert received.startswith(b"HTTP/1.1 200 ")
+        error = json.loads(received.rsplit(b"data: ", 2)[1])
+        assert_error_object(error, "server_error")
+        assert "consumer_idle_timeout" in error["error"]["message"]
+        assert (await scrape(server)).finished("error") == 1
+        await nothing_left(server)
+
+
+async def stuck_writing(server, sock, prompt: str) -> str:
+    """Send a streamed audio request for ``prompt`` on ``sock`` (which then reads
+    nothing), and feed its code2wav until the server is stuck writing to it."""
+    chunk = b"\x01\x02" * (1 << 17)
+    body = chat_body(prompt, stream=True, audio={"format": "pcm16"})
+    await sock.send_all(raw_request(server.port, body))
+    rid = await server.engine.submitted(prompt, 2)
+    taken = -1
+    with trio.fail_after(PROMPTLY * 2):
+        while taken < (taken := await stage_outputs(server, "code2wav")):
+            for _ in range(8):
+                await server.stages[2].emit(rid, chunk)
+            await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+    return rid
+
+
+async def test_a_client_that_reads_nothing_is_disconnected_after_the_write_timeout():
+    """Its socket open, its receive window shut, no idle timeout to end its request:
+    the kernel drops the connection after write_timeout (a write Hypercorn cannot
+    cancel), and the request ends as a hang-up does, at every stage."""
+    async with running_server(consumer_idle_timeout=0, write_timeout=1.0) as server:
+        prompt = MANUAL + "never read"
+        async with connected(server, receive_buffer=16 * 1024) as sock:
+            await stuck_writing(server, sock, prompt)
+            with trio.fail_after(PROMPTLY):  # 1 s, and the kernel's own probing
+                await server.engine.aborted_everywhere(prompt)
+            await nothing_left(server)
+
+
+async def test_a_stop_waits_for_a_client_that_reads_nothing_no_longer_than_the_write_timeout():
+    """A graceful stop ends the request at once, but its response is stuck in a write
+    to a client that reads nothing: the server returns once the kernel drops it."""
+    async with running_server(
+        consumer_idle_timeout=0, write_timeout=1.0, shutdown_grace=0
+    ) as server:
+        prompt = MANUAL + "stuck at the stop"
+        async with connected(server, receive_buffer=16 * 1024) as sock:
+            await stuck_writing(server, sock, prompt)
+            server.stopping.set()
+            with trio.fail_after(PROMPTLY):
+                await server.returned.wait()

@@ -37,18 +37,26 @@ CODES_PER_TOKEN = 4  # the demo talker's codes_per_token
 
 
 def pipeline(
-    tmp_path: Path, *, tokens_per_second: float, max_tokens: int, in_segments: bool = False
+    tmp_path: Path,
+    *,
+    tokens_per_second: float,
+    max_tokens: int,
+    in_segments: bool = False,
+    keys: str = "",
 ) -> Path:
     """The demo pipeline, its thinker paced at ``tokens_per_second`` for ``max_tokens``
     words (so a request takes about ``max_tokens / tokens_per_second`` seconds);
     ``in_segments``: every chunk in a shared-memory segment (the demo's small chunks
-    would otherwise travel inside their notices), for tests that watch them freed."""
+    would otherwise travel inside their notices), for tests that watch them freed;
+    ``keys``: more ``[pipeline]`` lines."""
     assert THINKER_ARGS in DEMO_TOML, "the demo's thinker args changed: update this test"
     args = f"engine_args = {{ tokens_per_second = {tokens_per_second}, max_tokens = {max_tokens} }}"
     text = DEMO_TOML.replace(THINKER_ARGS, args)
+    assert CONNECTOR in text, "the demo's connector line changed: update this test"
     if in_segments:
-        assert CONNECTOR in text, "the demo's connector line changed: update this test"
-        text = text.replace(CONNECTOR, f"{CONNECTOR}\ninline_chunk_bytes = 0")
+        keys += "\ninline_chunk_bytes = 0"
+    if keys:
+        text = text.replace(CONNECTOR, f"{CONNECTOR}\n{keys}")
     config = tmp_path / "pipeline.toml"
     config.write_text(text)
     return config
@@ -279,6 +287,55 @@ async def test_streams_text_and_wav_audio_with_the_openai_client(tmp_path):
         server.signal(signal.SIGTERM)
         assert await server.exit_status() == 0, server.text()
     assert server.err.decode() == ""
+
+
+async def test_max_request_bytes_and_max_unread_bytes_bound_what_the_server_holds(tmp_path):
+    """``--max-request-bytes``: a longer body is refused with 413 before it is read;
+    ``[pipeline] max_unread_bytes``: a whole answer over it fails naming the key (its
+    request aborted), while the same answer streamed arrives whole."""
+    limit = 64 * 1024  # the whole answer: 12 words and 92,160 bytes of PCM
+    config = pipeline(
+        tmp_path, tokens_per_second=200, max_tokens=12, keys=f"max_unread_bytes = {limit}"
+    )
+    prompt = "Tell me about the sea"
+    async with serving(tmp_path, str(config), "--max-request-bytes", "4096") as server:
+        long = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 4096}]}
+        status, body = await http(server.url, "POST", "/v1/chat/completions", long)
+        assert status == 413, body
+        error = json.loads(body)["error"]
+        assert "max_request_bytes is 4096 bytes" in error["message"]
+
+        with pytest.raises(openai.BadRequestError) as caught:
+            await trio.to_thread.run_sync(chat, server.url, prompt)
+        assert caught.value.code == "answer_too_large"
+        assert f"max_unread_bytes ({limit} bytes)" in caught.value.message
+
+        chunks = await trio.to_thread.run_sync(stream_chat, server.url, prompt)
+        assert text_of(chunks) == "".join(response_tokens(prompt, 12))
+        assert sum(pcm_frames(wav_file) for wav_file in audio_of(chunks)) == (
+            12 * CODES_PER_TOKEN * FRAMES_PER_CODE
+        )
+        assert finish_reasons(chunks) == ["stop"]
+
+        values = await metrics(server.url)
+        assert (finished(values, "error"), finished(values, "completed")) == (1, 1)
+        assert running(values) == 0
+        server.signal(signal.SIGTERM)
+        assert await server.exit_status() == 0, server.text()
+    assert server.err.decode() == ""
+
+
+def test_max_request_bytes_must_be_positive():
+    done = subprocess.run(
+        [sys.executable, "-m", "omni_trio", "serve", "--max-request-bytes", "0"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr == "omni-trio serve: --max-request-bytes must be a positive integer, got 0\n"
 
 
 async def test_with_no_config_it_serves_the_demo(tmp_path):

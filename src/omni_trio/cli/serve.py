@@ -17,6 +17,8 @@ from ._common import (
     pipeline_config,
     pipeline_options,
     port,
+    positive_int,
+    seconds,
 )
 
 if TYPE_CHECKING:
@@ -46,6 +48,21 @@ def add_parser(commands: Commands) -> None:
         default=64,
         metavar="N",
         help="requests that may wait for a max_in_flight slot; more get 503 at once",
+    )
+    serve.add_argument(
+        "--max-request-bytes",
+        type=positive_int,
+        default=1024 * 1024,
+        metavar="N",
+        help="the largest request body the server reads (default 1 MiB); a longer one gets 413",
+    )
+    serve.add_argument(
+        "--write-timeout",
+        type=seconds,
+        default=75.0,
+        metavar="SECONDS",
+        help="a client that leaves the server's writes unread this long (its socket open, "
+        "its receive window shut) is disconnected (default 75; 0: never)",
     )
     pipeline_options(serve, grace="how long a drain lets requests in flight run")
     serve.set_defaults(run=_serve, check=_check)
@@ -113,7 +130,9 @@ async def _serve_main(
     from .._errors import unwrap_single_exception
     from ..serve import app_for_config, serve
 
-    app = app_for_config(config, max_waiting=args.max_waiting)
+    app = app_for_config(
+        config, max_waiting=args.max_waiting, max_request_bytes=args.max_request_bytes
+    )
     names = " -> ".join(s.label for s in config.stages)
     # The server's error as it is (a WorkerStartError: one line), not in a group.
     with unwrap_single_exception():
@@ -126,6 +145,7 @@ async def _serve_main(
                     port=args.port,
                     stopping=stopping,
                     shutdown_grace=config.pipeline.shutdown_grace,
+                    write_timeout=args.write_timeout,
                 )
             )
             print(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from .._util import lazy_exports
 
 if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
+    from ._app import DEFAULT_MAX_REQUEST_BYTES as DEFAULT_MAX_REQUEST_BYTES
     from ._app import DEFAULT_MAX_WAITING as DEFAULT_MAX_WAITING
     from ._app import OpenPipeline as OpenPipeline
     from ._app import ServedPipeline as ServedPipeline
@@ -24,6 +25,7 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
 
 _EXPORTS = {
     "._app": [
+        "DEFAULT_MAX_REQUEST_BYTES",
         "DEFAULT_MAX_WAITING",
         "OpenPipeline",
         "ServedPipeline",

@@ -95,6 +95,9 @@ class Answer:
       model: The model's name, as every chunk says it.
       on_output: Called with the stage of every output that becomes content (the
           server counts them in its metrics).
+      max_whole_bytes: A whole (non-streamed) answer keeps all its text and audio
+          until the end: at most this many bytes of it (a ``str`` counts its
+          length), the orchestrator's ``max_unread_bytes``. ``None``: no bound.
 
     Attributes:
       finish: ``None`` until the answer is complete: ``"stop"`` after a
@@ -103,7 +106,12 @@ class Answer:
     """
 
     def __init__(
-        self, plan: Plan, model: str, on_output: Callable[[int], None] = lambda _: None
+        self,
+        plan: Plan,
+        model: str,
+        on_output: Callable[[int], None] = lambda _: None,
+        *,
+        max_whole_bytes: int | None = None,
     ) -> None:
         self._plan = plan
         self._model = model
@@ -115,7 +123,14 @@ class Answer:
         self._first = True  # the next delta is the first: it carries the role
         self._text: list[str] = []  # all of it, for a whole (non-streamed) answer
         self._audio: list[bytes] = []  # the same
+        self._max_kept = max_whole_bytes
+        self._kept = 0  # bytes in _text and _audio
         self._tokens = 0
+
+    @property
+    def done(self) -> bool:
+        """Whether the answer is complete (:attr:`finish` is set): take no more."""
+        return self.finish is not None
 
     def take(self, batch: list[OrchOutput]) -> bytes:
         """Take a batch of the request's outputs, in order; return their SSE events
@@ -123,7 +138,8 @@ class Answer:
         (:attr:`finish` is then ``"length"``: the rest of the batch is not taken).
 
         Raises:
-          OpenAIError: 500, an output the API cannot carry (audio that is not bytes).
+          OpenAIError: 500, an output the API cannot carry (audio that is not bytes);
+              400, a whole answer that would grow over ``max_whole_bytes``.
         """
         events = bytearray()
         limit = self._plan.token_limit
@@ -149,6 +165,7 @@ class Answer:
         if final.modality == "text":
             text = output.data if isinstance(output.data, str) else str(output.data)
             if keep:
+                self._keep(len(text))
                 self._text.append(text)
             self._tokens += 1
             return Delta(role=role, content=text)
@@ -161,10 +178,24 @@ class Answer:
             )
         pcm = bytes(data)
         if keep:
+            self._keep(len(pcm))
             self._audio.append(pcm)
         if self._plan.audio_format == "wav":
             pcm = wav_bytes(pcm, final.sample_rate)
         return Delta(role=role, audio=AudioDelta(self._audio_id, _b64(pcm)))
+
+    def _keep(self, size: int) -> None:
+        limit = self._max_kept
+        if limit is not None and self._kept + size > limit:
+            raise OpenAIError(
+                400,
+                f"the answer exceeds max_unread_bytes ({limit} bytes), what a whole "
+                "answer may hold: stream it (stream=true), or raise [pipeline] "
+                "max_unread_bytes",
+                param="stream",
+                code="answer_too_large",
+            )
+        self._kept += size
 
     @property
     def _audio_id(self) -> str:

@@ -13,19 +13,20 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ._answer import Plan
-from ._chat import ChatResponse
+from ._body import DEFAULT_MAX_REQUEST_BYTES, check_max_request_bytes, read_body, refuse
+from ._chat import ChatResponse, send_json
 from ._metrics import CONTENT_TYPE
 from ._model import ServedModel
 from ._protocol import Model, ModelList, OpenAIError, decode_request, encode
 from ._state import OutputsHook, ServerState
 
 if TYPE_CHECKING:
-    from starlette.types import ASGIApp
-
     from .._orchestrator import Orchestrator
     from ..config import PipelineConfig
+    from ._chat import Receive, Scope, Send
 
 __all__ = [
+    "DEFAULT_MAX_REQUEST_BYTES",
     "DEFAULT_MAX_WAITING",
     "OpenPipeline",
     "ServedPipeline",
@@ -49,7 +50,8 @@ class ServedPipeline(Protocol):
 
     @property
     def stages(self) -> Sequence[object]:
-        """The pipeline's stages, in order: ``/metrics`` labels them by their ``name``."""
+        """The pipeline's stages, in order: ``/metrics`` labels them by their ``name``,
+        and shows the ``statistics()`` of those that have one."""
 
 
 OpenPipeline = Callable[[], AbstractAsyncContextManager[ServedPipeline]]
@@ -60,16 +62,12 @@ def _json(body: object, status: int = 200) -> Response:
     return Response(encode(body), status, media_type="application/json")
 
 
-def _error(exc: OpenAIError) -> Response:
-    headers = {name.decode(): value.decode() for name, value in exc.headers}
-    return Response(encode(exc.body()), exc.status, headers, media_type="application/json")
-
-
 def create_app(
     model: ServedModel,
     open_pipeline: OpenPipeline,
     *,
     max_waiting: int = DEFAULT_MAX_WAITING,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     on_outputs: OutputsHook | None = None,
 ) -> Starlette:
     """An OpenAI-compatible ASGI app serving ``model``.
@@ -83,6 +81,8 @@ def create_app(
           entered, and it is left when the server stops.
       max_waiting: With the orchestrator's ``max_in_flight`` reached, how many more
           requests may wait for a slot; beyond that a request gets 503 at once.
+      max_request_bytes: The largest chat request body the server reads; a longer
+          one gets 413, before the rest of it is read.
       on_outputs: Called with each batch of a request's outputs, in the response's
           task, the moment the response takes it from the orchestrator (before it
           becomes SSE events or part of a whole answer): a hook for timing what
@@ -90,10 +90,12 @@ def create_app(
           what it raises fails the response.
 
     Raises:
-      ValueError: ``max_waiting`` is negative.
+      ValueError: ``max_waiting`` is negative, or ``max_request_bytes`` is not
+          positive.
     """
     if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
         raise ValueError(f"max_waiting must be an integer >= 0, got {max_waiting!r}")
+    check_max_request_bytes(max_request_bytes)
     state = ServerState(model, max_waiting, on_outputs)
     created = int(time.time())
 
@@ -107,7 +109,7 @@ def create_app(
                     getattr(stage, "name", None) or f"stage{index}"
                     for index, stage in enumerate(pipeline.stages)
                 ]
-                state.metrics.watch(orchestrator.statistics, labels)
+                state.metrics.watch(orchestrator.statistics, labels, pipeline.stages)
                 state.orchestrator = orchestrator
                 started = True
                 try:
@@ -143,19 +145,31 @@ def create_app(
             )
         return Plan.of(chat_request, model.select(chat_request.modalities))
 
-    async def chat(request: Request) -> ASGIApp:
-        try:
-            plan = _plan(await request.body())
-        except OpenAIError as exc:
-            return _error(exc)
-        return ChatResponse(state, plan)
+    class Chat:
+        """The chat endpoint, as a plain ASGI app (Starlette calls it as it is): it
+        reads the body itself, up to ``max_request_bytes``."""
+
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            try:
+                body = await read_body(scope, receive, max_request_bytes)
+            except OpenAIError as exc:  # 413: the rest of the body stays unread
+                await refuse(receive, send, exc)
+                return
+            if body is None:  # the client hung up: no one to answer
+                return
+            try:
+                plan = _plan(body)
+            except OpenAIError as exc:
+                await send_json(send, exc.status, exc.body(), exc.headers)
+                return
+            await ChatResponse(state, plan)(scope, receive, send)
 
     app = Starlette(
         routes=[
             Route("/health", health, methods=["GET"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
-            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/chat/completions", Chat(), methods=["POST"]),
         ],
         lifespan=lifespan,
     )
@@ -173,6 +187,7 @@ def app_for_config(
     config: PipelineConfig,
     *,
     max_waiting: int = DEFAULT_MAX_WAITING,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     on_outputs: OutputsHook | None = None,
 ) -> Starlette:
     """:func:`create_app` for a pipeline config: its lifespan runs the config's
@@ -183,5 +198,6 @@ def app_for_config(
         ServedModel.from_config(config),
         lambda: open_pipeline(config),
         max_waiting=max_waiting,
+        max_request_bytes=max_request_bytes,
         on_outputs=on_outputs,
     )

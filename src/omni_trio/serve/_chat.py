@@ -14,11 +14,12 @@ module only moves it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from .._util import output_size
 from ._answer import Answer, Plan, error_event
 from ._protocol import OpenAIError, encode, unavailable
 
@@ -39,6 +40,23 @@ _SSE_HEADERS = [
 ]
 #: How long a response may spend telling its client why it ended, once cancelled.
 _LAST_WORDS = 1.0
+#: A response encodes at most about this many bytes of outputs into one write: a
+#: backlog taken at once (a client that was slow to read, say) is not one
+#: multi-megabyte string of events in memory.
+WRITE_BYTES = 256 * 1024
+
+
+def _parts(batch: list[OrchOutput]) -> Iterator[list[OrchOutput]]:
+    """``batch`` in parts of about :data:`WRITE_BYTES` of data each (one part, the
+    batch itself, when it is small: the common case costs nothing)."""
+    start = size = 0
+    for index, output in enumerate(batch):
+        size += output_size(output.data)
+        if size >= WRITE_BYTES:
+            yield batch[start : index + 1]
+            start, size = index + 1, 0
+    if start < len(batch):
+        yield batch if start == 0 else batch[start:]
 
 
 async def send_json(
@@ -67,10 +85,15 @@ class ChatResponse:
         self._server = server
         self._plan = plan
         counters = server.metrics.stage_outputs
-        self._answer = Answer(plan, server.model.name, lambda stage: counters[stage].inc())
+        self._answer = Answer(
+            plan,
+            server.model.name,
+            lambda stage: counters[stage].inc(),
+            max_whole_bytes=None if plan.stream else server.max_answer_bytes,
+        )
         self._disconnected = False
         self._started = False  # the response's headers went out
-        self._broken = False  # a stage sent what the API cannot carry
+        self._broken = False  # the answer cannot carry it: not bytes, or too large
         self._answered = False  # the request's outcome is known and being sent
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -129,15 +152,18 @@ class ChatResponse:
                     batch = await stream.receive_batch()
                     if on_outputs is not None:
                         on_outputs(batch)
-                    try:
-                        events = answer.take(batch)
-                    except OpenAIError:
-                        self._broken = True
-                        raise
-                    if plan.stream and events:
-                        await send(
-                            {"type": "http.response.body", "body": events, "more_body": True}
-                        )
+                    for part in _parts(batch):  # a backlog goes out a bounded part at a time
+                        try:
+                            events = answer.take(part)
+                        except OpenAIError:
+                            self._broken = True
+                            raise
+                        if plan.stream and events:
+                            await send(
+                                {"type": "http.response.body", "body": events, "more_body": True}
+                            )
+                        if answer.done:
+                            break
         except trio.ClosedResourceError:
             raise unavailable("the server is shutting down", "server_shutting_down") from None
         finally:

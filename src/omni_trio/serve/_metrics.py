@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from .._driver import OrchestratorStatistics
     from ._model import ServedModel
+    from ._state import ServerStatistics
 
 __all__ = ["CONTENT_TYPE", "ServerMetrics"]
 
@@ -47,10 +48,24 @@ class ServerMetrics:
     and ``omni_trio:num_requests_waiting``; and, read from the orchestrator's
     statistics at each scrape, ``omni_trio:stage_alive{stage}`` and
     ``omni_trio:dropped_outputs_total``. Every one has the label ``model_name``.
+
+    At each scrape too, every per-request table as a gauge (0 once no request is in
+    flight and every output was read; see docs/serving.md): the orchestrator's
+    (:class:`~omni_trio.OrchestratorStatistics`: ``omni_trio:orchestrator_*``,
+    ``omni_trio:unread_outputs{stage}``, ``omni_trio:unread_bytes{stage}``,
+    ``omni_trio:unread_requests``), each stage's that has a ``statistics()`` method
+    (a :class:`~omni_trio.process.ProcessStage`'s: ``omni_trio:stage_*{stage}``, and
+    its worker's tables, ``omni_trio:worker_*{stage}``), and the server's own
+    (``server``: ``omni_trio:server_*``).
     """
 
     def __init__(
-        self, model: ServedModel, *, running: Callable[[], int], waiting: Callable[[], int]
+        self,
+        model: ServedModel,
+        *,
+        running: Callable[[], int],
+        waiting: Callable[[], int],
+        server: Callable[[], ServerStatistics] | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         name = model.name
@@ -101,20 +116,132 @@ class ServerMetrics:
         )
         self.stage_outputs = {o.stage_id: outputs.labels(name, o.label) for o in model.outputs}
         self._statistics = _StatisticsCollector(name)
+        self._statistics.server = server
         self.registry.register(self._statistics)
 
     def finished(self, reason: str) -> None:
         self._finished[reason].inc()
 
     def watch(
-        self, statistics: Callable[[], OrchestratorStatistics] | None, labels: list[str]
+        self,
+        statistics: Callable[[], OrchestratorStatistics] | None,
+        labels: list[str],
+        stages: Sequence[object] = (),
     ) -> None:
-        """Read the orchestrator's statistics at each scrape (``None``: stop)."""
+        """Read the orchestrator's statistics, and those of the ``stages`` that have a
+        ``statistics()`` method, at each scrape (``None``: stop)."""
         self._statistics.source = statistics
         self._statistics.labels = labels
+        self._statistics.stages = list(stages)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+#: ``OrchestratorStatistics`` attributes read as gauges: (attribute, metric, help).
+_ORCHESTRATOR_GAUGES = (
+    ("in_flight", "omni_trio:orchestrator_requests_in_flight", "Requests admitted and not ended."),
+    (
+        "pending_final",
+        "omni_trio:orchestrator_pending_final",
+        "In-flight requests whose terminal is held for a straggling stage.",
+    ),
+    (
+        "streams_open",
+        "omni_trio:orchestrator_streams_open",
+        "In-flight requests read through a request stream.",
+    ),
+    (
+        "outputs_ready",
+        "omni_trio:orchestrator_outputs_ready",
+        "Outputs waiting to be taken with next_output().",
+    ),
+    (
+        "admissions_waiting",
+        "omni_trio:orchestrator_admissions_waiting",
+        "Callers waiting for max_in_flight room or a drain.",
+    ),
+    (
+        "unread_requests",
+        "omni_trio:unread_requests",
+        "Requests in flight, or ended with outputs their consumer has not taken.",
+    ),
+)
+#: Per-stage tuples of ``OrchestratorStatistics`` read as gauges.
+_ORCHESTRATOR_STAGE_GAUGES = (
+    (
+        "unread_outputs",
+        "omni_trio:unread_outputs",
+        "Outputs of the stage handed to consumers and not taken yet (flow control).",
+    ),
+    ("unread_bytes", "omni_trio:unread_bytes", "Their bytes (bytes and str data)."),
+    (
+        "commands_queued",
+        "omni_trio:orchestrator_commands_queued",
+        "Submits, aborts, releases and credit decided for the stage, not yet delivered.",
+    ),
+)
+#: A stage's ``statistics()`` attributes read as gauges (those it has, not ``None``).
+_STAGE_GAUGES = (
+    (
+        "in_flight",
+        "omni_trio:stage_requests_in_flight",
+        "Requests the stage's worker holds and has not finished.",
+    ),
+    (
+        "submits_waiting",
+        "omni_trio:stage_submits_waiting",
+        "Submits waiting for the stage's next worker (it is restarting).",
+    ),
+    (
+        "seconds_since_report",
+        "omni_trio:worker_seconds_since_report",
+        "Seconds since the worker last reported its tables (the omni_trio:worker_* gauges).",
+    ),
+    (
+        "worker_requests",
+        "omni_trio:worker_requests",
+        "Requests the worker knows: running, ended and not released, or by their chunks.",
+    ),
+    (
+        "chunks_waiting",
+        "omni_trio:worker_chunks_waiting",
+        "Chunks from upstream not yet read by their request's engine.",
+    ),
+    ("chunks_held", "omni_trio:worker_chunks_held", "Chunks held for requests not running."),
+    ("chunk_bytes_held", "omni_trio:worker_chunk_bytes_held", "Their bytes."),
+    (
+        "chunks_unacked",
+        "omni_trio:worker_chunks_unacked",
+        "Chunks sent downstream and not acknowledged.",
+    ),
+    ("chunk_bytes_unacked", "omni_trio:worker_chunk_bytes_unacked", "Their inline bytes."),
+    (
+        "requests_written",
+        "omni_trio:worker_requests_written",
+        "Requests the worker sent chunks of downstream and has not released.",
+    ),
+    (
+        "acks_owed",
+        "omni_trio:worker_acks_owed",
+        "Requests whose acknowledgements the worker owes upstream.",
+    ),
+    (
+        "ring_bytes_in_use",
+        "omni_trio:worker_ring_bytes_in_use",
+        "Bytes in use in the worker's rings to the workers downstream.",
+    ),
+)
+#: ``ServerStatistics`` attributes read as gauges (``running`` and ``waiting`` are
+#: the ``num_requests_*`` gauges).
+_SERVER_GAUGES = (
+    (
+        "active",
+        "omni_trio:server_requests_active",
+        "Chat requests being handled: waiting for a slot, running, or answering.",
+    ),
+    ("tickets", "omni_trio:server_tickets", "The places the server keeps for them."),
+)
 
 
 class _StatisticsCollector(Collector):
@@ -122,11 +249,14 @@ class _StatisticsCollector(Collector):
         self.model_name = model_name
         self.source: Callable[[], OrchestratorStatistics] | None = None
         self.labels: list[str] = []
+        self.stages: list[object] = []
+        self.server: Callable[[], ServerStatistics] | None = None
 
     def describe(self) -> list[Metric]:
         return []  # unknown until a scrape: the stages come with the orchestrator
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._server()
         if self.source is None:
             return
         stats = self.source()
@@ -145,3 +275,62 @@ class _StatisticsCollector(Collector):
         )
         dropped.add_metric([self.model_name], stats.dropped_outputs)
         yield dropped
+        yield from self._orchestrator(stats)
+        yield from self._stages()
+
+    def _gauge(self, name: str, text: str, value: float) -> GaugeMetricFamily:
+        gauge = GaugeMetricFamily(name, text, labels=["model_name"])
+        gauge.add_metric([self.model_name], value)
+        return gauge
+
+    def _orchestrator(self, stats: OrchestratorStatistics) -> Iterator[Metric]:
+        model = self.model_name
+        admitted = CounterMetricFamily(
+            "omni_trio:orchestrator_requests_admitted",
+            "Requests the orchestrator admitted.",
+            labels=["model_name"],
+        )
+        admitted.add_metric([model], stats.admitted)
+        yield admitted
+        ended = CounterMetricFamily(
+            "omni_trio:orchestrator_requests_ended",
+            "Requests the orchestrator ended, by their terminal (completed, aborted, error).",
+            labels=["model_name", "finish_reason"],
+        )
+        for reason, count in (
+            ("completed", stats.completed),
+            ("aborted", stats.aborted),
+            ("error", stats.errored),
+        ):
+            ended.add_metric([model, reason], count)
+        yield ended
+        for attribute, name, text in _ORCHESTRATOR_GAUGES:
+            yield self._gauge(name, text, getattr(stats, attribute))
+        for attribute, name, text in _ORCHESTRATOR_STAGE_GAUGES:
+            gauge = GaugeMetricFamily(name, text, labels=["model_name", "stage"])
+            for label, value in zip(self.labels, getattr(stats, attribute), strict=False):
+                gauge.add_metric([model, label], value)
+            yield gauge
+
+    def _stages(self) -> Iterator[Metric]:
+        snapshots = []
+        for label, stage in zip(self.labels, self.stages, strict=False):
+            statistics = getattr(stage, "statistics", None)
+            if callable(statistics):
+                snapshots.append((label, statistics()))
+        if not snapshots:
+            return
+        for attribute, name, text in _STAGE_GAUGES:
+            gauge = GaugeMetricFamily(name, text, labels=["model_name", "stage"])
+            for label, snapshot in snapshots:
+                value = getattr(snapshot, attribute, None)
+                if isinstance(value, (int, float)):
+                    gauge.add_metric([self.model_name, label], value)
+            yield gauge
+
+    def _server(self) -> Iterator[Metric]:
+        if self.server is None:
+            return
+        stats = self.server()
+        for attribute, name, text in _SERVER_GAUGES:
+            yield self._gauge(name, text, getattr(stats, attribute))

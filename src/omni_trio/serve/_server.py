@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 from functools import partial
 
 import trio
-from hypercorn.config import Config
-from hypercorn.trio import serve as hypercorn_serve
-from hypercorn.utils import LifespanFailureError
+from hypercorn.config import Config, Sockets
+from hypercorn.trio.run import worker_serve
+from hypercorn.utils import LifespanFailureError, wrap_app
 from starlette.applications import Starlette
 
 from .._checks import check_seconds
@@ -20,9 +21,14 @@ from ._state import ServerState
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
-__all__ = ["DEFAULT_PORT", "serve"]
+__all__ = ["DEFAULT_PORT", "DEFAULT_WRITE_TIMEOUT", "serve"]
 
 DEFAULT_PORT = 8000
+#: Seconds a client may leave the server's writes unread (its receive window shut)
+#: before the kernel drops its connection: longer than the default
+#: ``consumer_idle_timeout`` (60 s), so that a silent client's request ends with its
+#: error terminal first.
+DEFAULT_WRITE_TIMEOUT = 75.0
 #: Seconds the server gives open connections to take their last bytes once it stops.
 _CLOSE_GRACE = 2.0
 logger = logging.getLogger("omni_trio.serve")
@@ -39,6 +45,7 @@ async def serve(
     port: int = DEFAULT_PORT,
     stopping: trio.Event | None = None,
     shutdown_grace: float = 5.0,
+    write_timeout: float = DEFAULT_WRITE_TIMEOUT,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` (from :func:`create_app`) over HTTP until cancelled or stopped.
@@ -55,13 +62,21 @@ async def serve(
     the lifespan ends (the orchestrator and the stages shut down), and this returns.
     Cancelling it ends everything at once, the same way, without the grace.
 
+    ``write_timeout``: a client that leaves the server's writes unread for this many
+    seconds -- its socket open, its receive window shut -- is disconnected by the
+    kernel (``TCP_USER_TIMEOUT``, on Linux): its response ends as a hang-up does, and
+    a stop never waits longer than that for it (Hypercorn's writes cannot be
+    cancelled). ``0`` turns it off.
+
     Raises:
       OSError: the address could not be bound.
       Exception: what the app's lifespan raised starting the pipeline (a
           :class:`~omni_trio.process.WorkerStartError`, say), as it raised it.
-      ValueError: ``shutdown_grace`` is not a number of seconds >= 0.
+      ValueError: ``shutdown_grace`` or ``write_timeout`` is not a number of
+          seconds >= 0.
     """
     check_seconds("shutdown_grace", shutdown_grace, positive=False)
+    check_seconds("write_timeout", write_timeout, positive=False)
     state = server_state(app)
     config = Config()
     config.bind = [_bind(host, port)]
@@ -75,7 +90,13 @@ async def serve(
         with unwrap_single_exception():
             async with trio.open_nursery() as nursery:
                 urls = await nursery.start(
-                    partial(hypercorn_serve, app, config, shutdown_trigger=trigger)  # type: ignore[arg-type]
+                    partial(
+                        worker_serve,
+                        wrap_app(app, config.wsgi_max_body_size, None),  # type: ignore[arg-type]
+                        config,
+                        sockets=_listening(config, write_timeout),
+                        shutdown_trigger=trigger,
+                    )
                 )
                 if state.orchestrator is None:
                     # Hypercorn reports its start even when the lifespan failed (its
@@ -89,6 +110,18 @@ async def serve(
         if error is not None and _lifespan_failed(exc):
             raise error from None  # the pipeline's own error, not Hypercorn's wrapping
         raise
+
+
+def _listening(config: Config, write_timeout: float) -> Sockets:
+    """Hypercorn's sockets for ``config``, listening, with the write timeout set: an
+    accepted connection inherits it from its listener."""
+    sockets = config.create_sockets()
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)  # Linux
+    for sock in sockets.insecure_sockets:
+        if write_timeout and option is not None and sock.family != socket.AF_UNIX:
+            sock.setsockopt(socket.IPPROTO_TCP, option, round(write_timeout * 1000))
+        sock.listen(config.backlog)
+    return sockets
 
 
 def _lifespan_failed(exc: BaseException) -> bool:

@@ -22,10 +22,28 @@ if TYPE_CHECKING:
     from ._answer import Plan
     from ._model import ServedModel
 
-__all__ = ["OutputsHook", "ServerState", "Ticket"]
+__all__ = ["OutputsHook", "ServerState", "ServerStatistics", "Ticket"]
 
 OutputsHook = Callable[[list["OrchOutput"]], None]
 """``on_outputs(batch)``: a request's outputs, one batch as its response takes it."""
+
+
+@attrs.frozen
+class ServerStatistics:
+    """A snapshot of the server's per-request records (:meth:`ServerState.statistics`):
+    all 0 once no chat request is being handled.
+
+    Attributes:
+      active: Chat requests being handled, waiting for a slot or running.
+      running: Of those, the ones admitted to the orchestrator.
+      waiting: Of those, the ones waiting for a ``max_in_flight`` slot.
+      tickets: The requests' places the server keeps (one per active request).
+    """
+
+    active: int
+    running: int
+    waiting: int
+    tickets: int
 
 
 @attrs.define(eq=False)
@@ -59,7 +77,10 @@ class ServerState:
 
     def __attrs_post_init__(self) -> None:
         self.metrics = ServerMetrics(
-            self.model, running=lambda: self.running, waiting=lambda: self.waiting
+            self.model,
+            running=lambda: self.running,
+            waiting=lambda: self.waiting,
+            server=self.statistics,
         )
 
     @property
@@ -70,6 +91,23 @@ class ServerState:
     @property
     def ready(self) -> bool:
         return self.orchestrator is not None and not self.draining
+
+    @property
+    def max_answer_bytes(self) -> int | None:
+        """What a whole (non-streamed) answer may hold of text and audio: the
+        orchestrator's ``max_unread_bytes``, as a streamed one may hold unread
+        (``None`` while there is no orchestrator, and no request is taken)."""
+        orchestrator = self.orchestrator
+        return None if orchestrator is None else orchestrator.max_unread_bytes
+
+    def statistics(self) -> ServerStatistics:
+        """A snapshot of the per-request records."""
+        return ServerStatistics(
+            active=int(self.active.value),
+            running=self.running,
+            waiting=self.waiting,
+            tickets=len(self.tickets),
+        )
 
     def enter(self) -> Ticket:
         """Take a place for a new chat request, waiting or running.
