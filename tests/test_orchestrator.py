@@ -158,7 +158,12 @@ class TestLifetime:
         async with open_orchestrator(pipeline(), {0, 2}, prewarm_fn=warm) as orch:
             await orch.add_request("r", "p")
             await trio.testing.wait_all_tasks_blocked()
-            assert trio.lowlevel.current_statistics().tasks_living == before + 8
+            # 3 readers, 3 deliveries, the handler, the idle clock, 2 nurseries' hosts
+            assert trio.lowlevel.current_statistics().tasks_living == before + 9
+        assert trio.lowlevel.current_statistics().tasks_living == before
+        async with open_orchestrator(pipeline(), {0, 2}, prewarm_fn=warm, consumer_idle_timeout=0):
+            await trio.testing.wait_all_tasks_blocked()
+            assert trio.lowlevel.current_statistics().tasks_living == before + 8  # no clock
         assert trio.lowlevel.current_statistics().tasks_living == before
 
     async def test_cancelled_add_request_admits_nothing(self):

@@ -22,7 +22,7 @@ import attrs
 
 from ._checks import check_positive_int, check_seconds
 from ._messages import OrchOutput, RequestMetrics, StageOutput
-from ._util import describe, output_size, stage_label
+from ._util import SIZELESS_TYPES, describe, output_size, stage_label
 
 __all__ = [
     "MAX_FORWARD_BYTES",
@@ -369,15 +369,21 @@ class OrchestratorCore:
         data = output.data
         forwards = self._forward_fn is not None and stage_id < st.last_stage
         if forwards and data is not None:
-            st.forward_bytes += output_size(data)
-            if st.forward_bytes > self.max_forward_bytes:
-                self._fail(
-                    st,
-                    stage_id,
-                    f"{self.stage_labels[stage_id]} sent more than {self.max_forward_bytes} "
-                    f"bytes for the next stage's input (max_forward_bytes)",
-                )
-                return
+            kind = type(data)  # (the common payloads' sizes inline: this runs per output)
+            if kind is str or kind is bytes:
+                size = len(data)
+            else:
+                size = 0 if kind in SIZELESS_TYPES else output_size(data)
+            if size:
+                st.forward_bytes += size
+                if st.forward_bytes > self.max_forward_bytes:
+                    self._fail(
+                        st,
+                        stage_id,
+                        f"{self.stage_labels[stage_id]} sent more than {self.max_forward_bytes} "
+                        f"bytes for the next stage's input (max_forward_bytes)",
+                    )
+                    return
             st.forward_data.setdefault(stage_id, []).append(data)
 
         if stage_id in st.final_stage_ids:

@@ -21,6 +21,7 @@ from ._inbox import (
     AbortRequest,
     AdmitRequest,
     Call,
+    ClockTick,
     DrainCall,
     InboxMessage,
     OutputsArrived,
@@ -79,6 +80,7 @@ class Dispatcher:
           request's terminal.
       logger: Where :meth:`deliver` reports stage methods that raised.
       limits: Flow control per request (see :mod:`omni_trio._flow`).
+      on_armed: Wakes the driver's idle clock (see :class:`FlowLedger`).
     """
 
     def __init__(
@@ -91,6 +93,7 @@ class Dispatcher:
         slots: Slots | None,
         logger: logging.Logger = _logger,
         limits: FlowLimits,
+        on_armed: Callable[[], None] = lambda: None,
     ) -> None:
         self.core = core
         self._logger = logger
@@ -106,6 +109,7 @@ class Dispatcher:
             takes_credit=self._takes_credit,
             send_credit=self._send_credit,
             credit=StageCredit,
+            on_armed=on_armed,
         )
         results.flow = self.flow
         self.flow.attach(results)
@@ -184,17 +188,6 @@ class Dispatcher:
         self.flush()
         return shutdown
 
-    def next_deadline(self) -> float | None:
-        """When :meth:`step` must run even if no message comes: the core's watchdog,
-        or an output that will have waited unread for ``consumer_idle_timeout``."""
-        core_deadline = self.core.next_deadline()
-        flow_deadline = self.flow.next_deadline()
-        if flow_deadline is None:
-            return core_deadline
-        if core_deadline is None:
-            return flow_deadline
-        return min(core_deadline, flow_deadline)
-
     def _send_credit(self, credit: StageCredit) -> None:
         """A consumer took enough of a request's outputs: give its stage credit back."""
         if self.accepting:
@@ -239,6 +232,8 @@ class Dispatcher:
             core.submit_failed(message.command, message.error)
         elif type(message) is StageDied:
             core.stage_died(message.stage_id, message.reason)
+        elif type(message) is ClockTick:
+            message.reply()  # the step's expire(), in this same turn, looks at the clock
         elif type(message) is DrainCall:
             self._drains.append(message)
         elif type(message) is ShutdownCall:

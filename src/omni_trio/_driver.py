@@ -139,6 +139,7 @@ class OrchestratorBase:
         logger: logging.Logger,
         max_in_flight: int | None,
         limits: FlowLimits,
+        on_armed: Callable[[], None] = lambda: None,
     ) -> None:
         self._core = core
         self._max_in_flight = max_in_flight
@@ -151,6 +152,7 @@ class OrchestratorBase:
             slots=slots,
             logger=logger,
             limits=limits,
+            on_armed=on_armed,
         )
         self._flow = self._dispatch.flow
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 import attrs
 
@@ -44,6 +44,7 @@ __all__ = [
     "MAX_UNREAD_OUTPUTS",
     "FlowLedger",
     "FlowLimits",
+    "Tally",
 ]
 
 #: Bytes of outputs a request may hold unread by its consumer (4 MiB).
@@ -52,6 +53,11 @@ MAX_UNREAD_BYTES = 4 * 1024 * 1024
 MAX_UNREAD_OUTPUTS = 1024
 #: Seconds an output may wait unread before its request ends with an error.
 CONSUMER_IDLE_TIMEOUT = 60.0
+
+
+Tally: TypeAlias = "dict[tuple[str, int], list[int]]"
+"""What a flushed batch carries back as credit once taken: per (request, final stage
+that takes credit), ``[outputs, bytes]``."""
 
 
 @attrs.frozen
@@ -90,6 +96,8 @@ class FlowLedger:
           delivery queue (never blocks; called from a consumer's side too).
       credit: Builds a :class:`~omni_trio._core.StageCredit` (the core's command;
           passed in so that this module imports nothing of the core).
+      on_armed: Called when the idle clock gets a deadline while it had none (a
+          driver's clock task waits for it; later deadlines are never earlier).
 
     Attributes:
       now: The driver's clock, as of its last handler step (a flushed batch's time).
@@ -103,6 +111,7 @@ class FlowLedger:
         takes_credit: Iterable[bool],
         send_credit: Callable[[StageCredit], None],
         credit: Callable[[int, str, int, int], StageCredit],
+        on_armed: Callable[[], None] = lambda: None,
     ) -> None:
         self.limits = limits
         self.max_unread_outputs = limits.max_unread_outputs
@@ -114,6 +123,7 @@ class FlowLedger:
         self._takes_credit = tuple(takes_credit)
         self._send_credit = send_credit
         self._credit = credit
+        self._on_armed = on_armed
         #: Per request admitted and not yet settled: its credit windows (``None``:
         #: none, or no more: its terminal is out).
         self._accounts: dict[str, dict[int, _Window] | None] = {}
@@ -176,40 +186,47 @@ class FlowLedger:
 
     # -- what the consumers took ------------------------------------------------------------
 
-    def read(self, outbox: OutboxBase, outputs: list[OrchOutput]) -> None:
-        """The consumer of ``outbox`` has taken ``outputs`` (one flushed batch, all
-        of it): give their stages the credit back, at half a window."""
+    def tally(self, outbox: OutboxBase, outputs: list[OrchOutput]) -> Tally | None:
+        """What ``outputs``, flushed into ``outbox``, will give back as credit once its
+        consumer has taken them (``None``: none of them takes credit -- the common
+        case costs a check, not a loop)."""
         if not self._credited:
-            return
+            return None
         accounts = self._accounts
-        if outbox.request_id:  # a stream: one request
-            windows = accounts.get(outbox.request_id)
-            if windows is None:
-                return
-            for output in outputs:
-                window = windows.get(output.stage_id)
-                if window is not None:
-                    self._owe(window, output)
-            return
+        stream = outbox.request_id
+        windows = accounts.get(stream) if stream else None
+        if stream and windows is None:
+            return None  # a stream whose request takes no credit (or no more)
+        tally: Tally = {}
         for output in outputs:
-            windows = accounts.get(output.request_id)
-            if windows is not None:
-                window = windows.get(output.stage_id)
-                if window is not None:
-                    self._owe(window, output)
+            request_windows = windows if stream else accounts.get(output.request_id)
+            if request_windows is not None and output.stage_id in request_windows:
+                key = (output.request_id, output.stage_id)
+                counts = tally.get(key)
+                if counts is None:
+                    counts = tally[key] = [0, 0]
+                counts[0] += 1
+                counts[1] += output_size(output.data)
+        return tally or None
 
-    def _owe(self, window: _Window, output: OrchOutput) -> None:
-        window.owed_outputs += 1
-        window.owed_bytes += output_size(output.data)
-        if (
-            window.owed_outputs * 2 >= window.share_outputs
-            or window.owed_bytes * 2 >= window.share_bytes
-        ):
-            credit = self._credit(
-                output.stage_id, output.request_id, window.owed_outputs, window.owed_bytes
-            )
-            window.owed_outputs = window.owed_bytes = 0
-            self._send_credit(credit)
+    def read(self, tally: Tally) -> None:
+        """A consumer has taken a batch whose credit is ``tally``: give its stages
+        the credit back, each once it owes half a window."""
+        accounts = self._accounts
+        for (request_id, stage_id), (outputs, nbytes) in tally.items():
+            windows = accounts.get(request_id)
+            window = None if windows is None else windows.get(stage_id)
+            if window is None:
+                continue  # it ended meanwhile: no more credit
+            window.owed_outputs += outputs
+            window.owed_bytes += nbytes
+            if (
+                window.owed_outputs * 2 >= window.share_outputs
+                or window.owed_bytes * 2 >= window.share_bytes
+            ):
+                credit = self._credit(stage_id, request_id, window.owed_outputs, window.owed_bytes)
+                window.owed_outputs = window.owed_bytes = 0
+                self._send_credit(credit)
 
     # -- the idle clock ---------------------------------------------------------------------
 
@@ -217,6 +234,8 @@ class FlowLedger:
         """Look at ``outbox`` at ``deadline`` (an output flushed into it may wait)."""
         self._seq += 1
         timers = self._timers
+        if not timers:
+            self._on_armed()
         heapq.heappush(timers, (deadline, self._seq, outbox))
         if len(timers) > 2 * len(self._outboxes) + 64:  # closed streams' timers: drop them
             self._timers = [entry for entry in timers if self._counts(entry[2])]
@@ -227,7 +246,9 @@ class FlowLedger:
         return self._outboxes.get(id(outbox)) is outbox
 
     def next_deadline(self) -> float | None:
-        """When :meth:`expire` may next have work (``None``: no output waits)."""
+        """When :meth:`expire` may next have work (``None``: no output waits). A
+        deadline armed later is never earlier than this one (each is a flush's time
+        plus the timeout), so a clock that sleeps until it misses nothing."""
         return self._timers[0][0] if self._timers else None
 
     def expire(self, now: float) -> list[str]:

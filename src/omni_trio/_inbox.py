@@ -23,6 +23,7 @@ __all__ = [
     "AbortRequest",
     "AdmitRequest",
     "Call",
+    "ClockTick",
     "DrainCall",
     "InboxMessage",
     "OutputsArrived",
@@ -80,6 +81,13 @@ class Call:
     Event's ``set``, say)."""
 
     reply: Callable[[], None]
+
+
+@attrs.frozen
+class ClockTick(Call):
+    """The idle clock's: an output may have waited unread for ``consumer_idle_timeout``
+    (the handler's step looks, :meth:`~omni_trio._flow.FlowLedger.expire`, and
+    answers it in the same turn)."""
 
 
 @attrs.frozen

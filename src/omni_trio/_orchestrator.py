@@ -35,6 +35,7 @@ from ._flow import CONSUMER_IDLE_TIMEOUT, MAX_UNREAD_BYTES, MAX_UNREAD_OUTPUTS, 
 from ._inbox import (
     AbortRequest,
     AdmitRequest,
+    ClockTick,
     DrainCall,
     InboxMessage,
     OutputsArrived,
@@ -96,7 +97,9 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
             logger=logger,
             max_in_flight=max_in_flight,
             limits=limits,
+            on_armed=self._arm_clock,
         )
+        self._clock_armed = trio.Event()  # the idle clock got a deadline
         self._draining = AsyncValue(0)  # drain() calls in progress
         self._shielded = trio.CancelScope(shield=True)
         self._deliveries_left = len(self._stages)
@@ -304,6 +307,8 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
     def _start(self, nursery: trio.Nursery) -> None:
         for sid, stage in enumerate(self._stages):
             nursery.start_soon(self._read_stage, sid, stage, name=f"omni_trio stage {sid} reader")
+        if self._flow.consumer_idle_timeout is not None:
+            nursery.start_soon(self._idle_clock, name="omni_trio idle clock")
         nursery.start_soon(self._run_shielded_tasks, name="omni_trio handler and deliveries")
 
     async def _run_shielded_tasks(self) -> None:
@@ -330,7 +335,7 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         dispatch = self._dispatch
         try:
             while True:
-                deadline = dispatch.next_deadline()
+                deadline = dispatch.core.next_deadline()
                 if deadline is None:
                     batch = await _receive_batch(self._inbox)
                 else:  # the watchdog is armed: wake up for it
@@ -402,6 +407,31 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
             self._deliveries_left -= 1
             if not self._deliveries_left:
                 self._deliveries_done.set()
+
+    def _arm_clock(self) -> None:
+        self._clock_armed.set()
+
+    async def _idle_clock(self) -> None:
+        """Tell the handler when an output may have waited unread too long.
+
+        A task of its own, so that the handler's loop -- which runs per batch of
+        messages -- does not set a deadline each turn for a clock that, at 60 s,
+        almost never strikes.
+        """
+        flow = self._flow
+        while True:
+            deadline = flow.next_deadline()
+            if deadline is None:
+                await self._clock_armed.wait()
+                self._clock_armed = trio.Event()
+                continue
+            await trio.sleep_until(deadline)
+            looked = trio.Event()
+            try:
+                await self._inbox_send.send(ClockTick(looked.set))
+            except trio.BrokenResourceError:
+                return  # the handler is gone: we are shutting down
+            await looked.wait()  # its expire() has moved the next deadline on
 
     async def _report(self, message: InboxMessage) -> None:
         with contextlib.suppress(trio.BrokenResourceError):  # shutting down: the request

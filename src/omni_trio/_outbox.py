@@ -57,7 +57,7 @@ class Outbox(OutboxBase):
         while not self._buffer:
             if self._closed:
                 raise trio.EndOfChannel
-            self.reconcile()  # what it took is settled before it waits
+            self.settle_before_waiting()
             await self._waiting.park()
         self._since_yield = 0
 

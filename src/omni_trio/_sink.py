@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from ._messages import OrchOutput
 
 if TYPE_CHECKING:
-    from ._flow import FlowLedger
+    from ._flow import FlowLedger, Tally
 
 __all__ = ["OutboxBase", "Sink", "StreamBase"]
 
@@ -71,9 +71,11 @@ class OutboxBase:
         #: A stream's: what its consumer took last, counted unread until it comes
         #: back for more (a batch being written to a socket is not read yet).
         self.in_hand: OrchOutput | list[OrchOutput] | None = None
-        #: Flushed batches not wholly taken, oldest first: (outputs, index of the
-        #: first, when flushed); and how many outputs were ever flushed.
-        self._parcels: deque[tuple[list[OrchOutput], int, float]] = deque()
+        #: Flushed batches not wholly taken, oldest first: (index of the first
+        #: output after the last, when flushed, the credit they carry or None); and
+        #: how many outputs were ever flushed. A parcel keeps no output alive: the
+        #: outputs die young once taken, as they did before flow control.
+        self._parcels: deque[tuple[int, float, Tally | None]] = deque()
         self._sent = 0
         #: next_output()'s outbox: (index, request id) of the terminals not taken yet.
         self._terminals: deque[tuple[int, str]] = deque()
@@ -119,8 +121,8 @@ class OutboxBase:
         assert flow is not None
         if self._parcels or self._terminals:
             self.reconcile()
-        self._parcels.append((outputs, self._sent, flow.now))
         self._sent += len(outputs)
+        self._parcels.append((self._sent, flow.now, flow.tally(self, outputs)))
         if not self._armed and flow.consumer_idle_timeout is not None:
             self._armed = True
             flow.arm(self, flow.now + flow.consumer_idle_timeout)
@@ -136,6 +138,12 @@ class OutboxBase:
         held = 0 if hand is None else len(hand) if type(hand) is list else 1
         return len(self._buffer) + self._in_channel + held
 
+    def settle_before_waiting(self) -> None:
+        """The consumer is about to wait for more: what it held is read, and what it
+        took is settled now (its stages may be waiting for that credit)."""
+        self.in_hand = None
+        self.reconcile()
+
     def reconcile(self) -> None:
         """Settle the batches the consumer has taken all of (their credit goes back)
         and the terminals it took (their requests' accounts close)."""
@@ -146,8 +154,10 @@ class OutboxBase:
         taken = self._sent - self.unread()
         flow = self.flow
         assert flow is not None
-        while parcels and parcels[0][1] + len(parcels[0][0]) <= taken:
-            flow.read(self, parcels.popleft()[0])
+        while parcels and parcels[0][0] <= taken:
+            tally = parcels.popleft()[2]
+            if tally is not None:
+                flow.read(tally)
         while terminals and terminals[0][0] < taken:
             flow.forget(terminals.popleft()[1])
 
@@ -156,16 +166,23 @@ class OutboxBase:
         (each batch is looked at once), and when the next batch not looked at was
         flushed (``None``: none waits)."""
         self.reconcile()
-        taken = self._sent - self.unread()
-        names: list[str] = []
-        for outputs, first, flushed in self._parcels:
-            if flushed <= self._idle_seen:
-                continue
+        waiting = 0  # of the unread outputs, how many came in the batches looked at
+        first = self._sent - self.unread()  # the index of the oldest unread output
+        for end, flushed, _ in self._parcels:
             if flushed > before:
-                return list(dict.fromkeys(names)), flushed
-            names += (o.request_id for o in outputs[max(0, taken - first) :])
-            self._idle_seen = flushed
-        return list(dict.fromkeys(names)), None
+                return self._requests_in(waiting), flushed
+            if flushed > self._idle_seen:
+                waiting = end - first
+                self._idle_seen = flushed
+        return self._requests_in(waiting), None
+
+    def _requests_in(self, count: int) -> list[str]:
+        """The requests of the ``count`` oldest outputs not taken (a stream's own)."""
+        if count <= 0:
+            return []
+        if self.request_id:
+            return [self.request_id]
+        return list(dict.fromkeys(output.request_id for output in self.unread_outputs()[:count]))
 
     def disarm(self) -> None:
         self._armed = False
@@ -273,10 +290,11 @@ class StreamBase:
 
     async def __anext__(self) -> OrchOutput:
         outbox = self._outbox
-        outbox.in_hand = None  # it came back for more: what it held is read
         if self.terminal is not None:
             await outbox.checkpoint()
             raise StopAsyncIteration
+        # What it held is read now that it came back for more: replaced here, or
+        # dropped by the outbox before it waits.
         output = outbox.in_hand = await outbox.get()
         if output.finished:
             self.terminal = output
@@ -297,7 +315,6 @@ class StreamBase:
               was already received.
         """
         outbox = self._outbox
-        outbox.in_hand = None  # it came back for more: what it held is read
         if self.terminal is not None:
             await outbox.checkpoint()
             raise outbox.end_of_stream()

@@ -15,6 +15,7 @@ from types import FunctionType
 from typing import Any, NoReturn, TypeVar
 
 __all__ = [
+    "SIZELESS_TYPES",
     "NoPublicConstructor",
     "describe",
     "final",
@@ -25,6 +26,10 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+#: Types whose data counts 0 bytes (:func:`output_size`), checked before any isinstance.
+SIZELESS_TYPES = frozenset({type(None), int, float, bool, list, tuple, dict})
 
 
 def output_size(data: object) -> int:
@@ -38,6 +43,8 @@ def output_size(data: object) -> int:
     kind = type(data)
     if kind is bytes or kind is str or kind is bytearray:
         return len(data)  # type: ignore[arg-type]
+    if kind in SIZELESS_TYPES:  # the other common payloads: no isinstance walk
+        return 0
     if kind is memoryview:
         return data.nbytes  # type: ignore[attr-defined, no-any-return]
     if isinstance(data, (bytes, bytearray, str)):

@@ -41,6 +41,7 @@ from .._flow import (
 from .._inbox import (
     AbortRequest,
     AdmitRequest,
+    ClockTick,
     DrainCall,
     InboxMessage,
     OutputsArrived,
@@ -185,7 +186,7 @@ class _Outbox(AsyncioOutboxBase):
         while not self._buffer:
             if self._closed:
                 raise EndOfOutputs("the orchestrator has shut down")
-            self.reconcile()  # what it took is settled before it waits
+            self.settle_before_waiting()
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             try:
@@ -260,7 +261,9 @@ class AsyncioDriver(OrchestratorBase):
             logger=logger,
             max_in_flight=max_in_flight,
             limits=limits,
+            on_armed=self._arm_clock,
         )
+        self._clock_armed = asyncio.Event()  # the idle clock got a deadline
         self._draining = 0
         self._drain_over = asyncio.Event()
         self._deliveries: list[asyncio.Task[None]] = []
@@ -387,6 +390,27 @@ class AsyncioDriver(OrchestratorBase):
             self._background.append(group.create_task(self._read_stage(sid, stage)))
             self._deliveries.append(group.create_task(self._deliver(sid, stage)))
         self._background.append(group.create_task(self._handle()))
+        if self._flow.consumer_idle_timeout is not None:
+            self._background.append(group.create_task(self._idle_clock()))
+
+    def _arm_clock(self) -> None:
+        self._clock_armed.set()
+
+    async def _idle_clock(self) -> None:
+        """Tell the handler when an output may have waited unread too long (a task of
+        its own, as the Trio orchestrator's)."""
+        flow = self._flow
+        loop = asyncio.get_running_loop()
+        while True:
+            deadline = flow.next_deadline()
+            if deadline is None:
+                await self._clock_armed.wait()
+                self._clock_armed.clear()
+                continue
+            await asyncio.sleep(max(0.0, deadline - loop.time()))
+            looked = asyncio.Event()
+            await self._send(ClockTick(looked.set))
+            await looked.wait()  # its expire() has moved the next deadline on
 
     async def _handle(self) -> None:
         """The only task that touches the core: take messages from the inbox, apply
@@ -487,7 +511,7 @@ class AsyncioOrchestrator(AsyncioDriver, metaclass=NoPublicConstructor):
         loop = asyncio.get_running_loop()
         try:
             while True:
-                deadline = dispatch.next_deadline()
+                deadline = dispatch.core.next_deadline()
                 batch: list[InboxMessage] | None
                 if deadline is None:
                     batch = await _get_batch(self._inbox)

@@ -95,7 +95,7 @@ class _Queue(AsyncioOutboxBase):
 
     async def get(self) -> OrchOutput:
         if self._queue.empty():
-            self.reconcile()  # what it took is settled before it waits
+            self.settle_before_waiting()
         output = await self._queue.get()
         if output is END_OF_OUTPUTS:
             self._queue.put_nowait(END_OF_OUTPUTS)
@@ -141,7 +141,7 @@ class PlainAsyncioOrchestrator(AsyncioDriver, metaclass=NoPublicConstructor):
         loop = asyncio.get_running_loop()
         try:
             while True:
-                deadline = dispatch.next_deadline()
+                deadline = core.next_deadline()
                 if deadline is None:
                     item = await inbox.get()
                 else:
