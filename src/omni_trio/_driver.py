@@ -209,7 +209,7 @@ class OrchestratorBase:
         """Return a snapshot of counters and queue lengths."""
         core = self._core
         dispatch = self._dispatch
-        unread_outputs, unread_bytes = self._flow.unread()
+        unread_outputs, unread_bytes = self._flow.unread()  # (first: it settles)
         return OrchestratorStatistics(
             mode=core.mode,
             in_flight=core.in_flight,

@@ -127,7 +127,8 @@ class FlowLedger:
         #: Per request admitted and not yet settled: its credit windows (``None``:
         #: none, or no more: its terminal is out).
         self._accounts: dict[str, dict[int, _Window] | None] = {}
-        self._credited = 0  # accounts with windows
+        #: Requests with credit windows (0: no batch needs a tally).
+        self.credited = 0
         self._outboxes: dict[int, OutboxBase] = {}  # by id(): every outbox counting
         self._timers: list[tuple[float, int, OutboxBase]] = []  # (deadline, seq, outbox)
         self._seq = 0
@@ -154,7 +155,7 @@ class FlowLedger:
         }
         self._drop_windows(request_id)
         self._accounts[request_id] = windows or None
-        self._credited += bool(windows)
+        self.credited += bool(windows)
 
     def first_credit(self, stage_id: int, request_id: str) -> StageCredit | None:
         """The credit to give stage ``stage_id`` before the request's submit: its whole
@@ -182,7 +183,7 @@ class FlowLedger:
 
     def _drop_windows(self, request_id: str) -> None:
         if self._accounts.get(request_id) is not None:
-            self._credited -= 1
+            self.credited -= 1
 
     # -- what the consumers took ------------------------------------------------------------
 
@@ -190,7 +191,7 @@ class FlowLedger:
         """What ``outputs``, flushed into ``outbox``, will give back as credit once its
         consumer has taken them (``None``: none of them takes credit -- the common
         case costs a check, not a loop)."""
-        if not self._credited:
+        if not self.credited:
             return None
         accounts = self._accounts
         stream = outbox.request_id
@@ -273,9 +274,12 @@ class FlowLedger:
     # -- statistics ---------------------------------------------------------------------------
 
     def unread(self) -> tuple[list[int], list[int]]:
-        """Per stage: the outputs given to consumers and not taken, and their bytes."""
+        """Per stage: the outputs given to consumers and not taken, and their bytes
+        (after settling what was taken: read terminals close their accounts)."""
         outputs = [0] * self._num_stages
         nbytes = [0] * self._num_stages
+        for outbox in list(self._outboxes.values()):
+            outbox.reconcile()
         for outbox in self._outboxes.values():
             for output in outbox.unread_outputs():
                 outputs[output.stage_id] += 1

@@ -6,6 +6,7 @@ Data path (one reader and one delivery task per stage, one handler)::
                                      +--> inbox --> handler --+--> results --> next_output()
     callers: add_request, abort ----/      |  (the core)      +--> stream r --> async for
     delivery k: submit failed -----/       +--> commands k --> delivery k --> stage k
+    idle clock: ClockTick ---------/
 
 The handler is the only task that touches the core, so request state needs no lock.
 It never blocks on anything but its inbox: outputs and commands leave it through

@@ -19,7 +19,13 @@ from ._messages import OrchOutput
 if TYPE_CHECKING:
     from ._flow import FlowLedger, Tally
 
-__all__ = ["OutboxBase", "Sink", "StreamBase"]
+__all__ = ["SETTLE_EVERY", "OutboxBase", "Sink", "StreamBase"]
+
+#: The handler settles an outbox's batches (see :meth:`OutboxBase.reconcile`) at each
+#: flush while any carries credit, else once this many are outstanding; its consumer
+#: settles those that carry credit before it waits, the idle clock the ones it looks
+#: at, ``statistics()`` all of them.
+SETTLE_EVERY = 64
 
 S = TypeVar("S", bound="StreamBase")
 
@@ -51,6 +57,7 @@ class OutboxBase:
         "_buffer",
         "_idle_seen",
         "_in_channel",
+        "_owing",
         "_parcels",
         "_pending",
         "_sent",
@@ -77,6 +84,7 @@ class OutboxBase:
         #: outputs die young once taken, as they did before flow control.
         self._parcels: deque[tuple[int, float, Tally | None]] = deque()
         self._sent = 0
+        self._owing = 0  # parcels that carry credit (a tally)
         #: next_output()'s outbox: (index, request id) of the terminals not taken yet.
         self._terminals: deque[tuple[int, str]] = deque()
         self._armed = False  # the ledger's idle clock has a timer for it
@@ -119,10 +127,15 @@ class OutboxBase:
         """Remember a batch on its way to the consumer (the handler flushes it)."""
         flow = self.flow
         assert flow is not None
-        if self._parcels or self._terminals:
+        # Credit goes back at every flush; the rest once in a while (the handler's step
+        # is on every output's path).
+        if self._owing or len(self._parcels) >= SETTLE_EVERY:
             self.reconcile()
         self._sent += len(outputs)
-        self._parcels.append((self._sent, flow.now, flow.tally(self, outputs)))
+        tally = flow.tally(self, outputs) if flow.credited else None
+        if tally is not None:
+            self._owing += 1
+        self._parcels.append((self._sent, flow.now, tally))
         if not self._armed and flow.consumer_idle_timeout is not None:
             self._armed = True
             flow.arm(self, flow.now + flow.consumer_idle_timeout)
@@ -139,10 +152,13 @@ class OutboxBase:
         return len(self._buffer) + self._in_channel + held
 
     def settle_before_waiting(self) -> None:
-        """The consumer is about to wait for more: what it held is read, and what it
-        took is settled now (its stages may be waiting for that credit)."""
+        """The consumer is about to wait for more: what it held is read, and the
+        credit of what it took goes back now (its stages may be waiting for it).
+        Nothing else is settled here: the consumer's path to its next output stays
+        as short as it was; the handler's next flush settles the rest."""
         self.in_hand = None
-        self.reconcile()
+        if self._owing:
+            self.reconcile()
 
     def reconcile(self) -> None:
         """Settle the batches the consumer has taken all of (their credit goes back)
@@ -157,6 +173,7 @@ class OutboxBase:
         while parcels and parcels[0][0] <= taken:
             tally = parcels.popleft()[2]
             if tally is not None:
+                self._owing -= 1
                 flow.read(tally)
         while terminals and terminals[0][0] < taken:
             flow.forget(terminals.popleft()[1])
@@ -241,6 +258,7 @@ class OutboxBase:
         still counts (what its consumer held, what nobody will read)."""
         self.in_hand = None
         self._parcels.clear()
+        self._owing = 0
         if self.flow is not None:
             self.flow.forget(self.request_id, self)
 
