@@ -15,11 +15,13 @@ from processes import eventually, pipeline_config, running
 
 
 class FakeWorker:
-    """A ``WorkerConnection`` as the connector uses it: its address, its routes."""
+    """A ``WorkerConnection`` as the connector uses it: its address, its routes, its
+    last report (none yet)."""
 
     def __init__(self, address: str = "") -> None:
         self.address = address
         self.routes: list[tuple[int, str, bool]] = []
+        self.report = None
 
     def route(self, stage_id: int, address: str, *, gone: bool = False) -> None:
         self.routes.append((stage_id, address, gone))
