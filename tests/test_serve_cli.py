@@ -552,3 +552,19 @@ def test_a_pipeline_that_does_not_start_is_one_line_and_status_2(tmp_path, engin
         time.sleep(0.05)
     assert _group(process.pid) == []
     assert _segments(process.pid) == []
+
+
+def test_the_commands_defaults_are_the_servers():
+    """``omni-trio serve`` names its defaults without importing the serve extra (it
+    may be missing): they must be the server's own."""
+    from omni_trio.cli import _parse
+    from omni_trio.serve import (
+        DEFAULT_MAX_REQUEST_BYTES,
+        DEFAULT_MAX_WAITING,
+        DEFAULT_WRITE_TIMEOUT,
+    )
+
+    args = _parse(["serve", "demo", "--port", "0"])
+    assert args.max_waiting == DEFAULT_MAX_WAITING
+    assert args.max_request_bytes == DEFAULT_MAX_REQUEST_BYTES
+    assert args.write_timeout == DEFAULT_WRITE_TIMEOUT

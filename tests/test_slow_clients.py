@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import bench_slow_clients as bench
 
 from omni_trio import open_orchestrator
+from omni_trio.process._stage import WORKER_TABLES
 from omni_trio.serve import ServedModel, create_app, serve
 from omni_trio.serve._app import server_state
 from serve_helpers import (
@@ -77,19 +78,7 @@ STAGE_GAUGES = {
     "submits_waiting": "omni_trio:stage_submits_waiting",
     "seconds_since_report": "omni_trio:worker_seconds_since_report",
     "worker_requests": "omni_trio:worker_requests",
-    **{
-        name: f"omni_trio:worker_{name}"
-        for name in (
-            "chunks_waiting",
-            "chunks_held",
-            "chunk_bytes_held",
-            "chunks_unacked",
-            "chunk_bytes_unacked",
-            "requests_written",
-            "acks_owed",
-            "ring_bytes_in_use",
-        )
-    },
+    **{name: f"omni_trio:worker_{name}" for name in WORKER_TABLES},
 }
 
 

@@ -14,26 +14,16 @@ import pytest
 import trio
 
 from omni_trio import open_orchestrator
-from omni_trio.process import open_process_pipeline
+from omni_trio.process import open_inprocess_stage, open_process_pipeline
+from omni_trio.process._stage import STAGE_TABLES
+from process_engines import stream
 from processes import eventually, pipeline_config, running, worker_processes
 
 RESTART = "[stages.runtime]\nrestart = true"
 
 #: A stage's statistics that count what its worker (or the stage, for its worker)
 #: holds per request: 0 once no request is in flight.
-TABLES = (
-    "in_flight",
-    "submits_waiting",
-    "worker_requests",
-    "chunks_waiting",
-    "chunks_held",
-    "chunk_bytes_held",
-    "chunks_unacked",
-    "chunk_bytes_unacked",
-    "requests_written",
-    "acks_owed",
-    "ring_bytes_in_use",
-)
+TABLES = STAGE_TABLES
 
 
 def held(stats) -> dict[str, int]:
@@ -217,3 +207,14 @@ async def test_the_connector_counts_the_chunks_not_yet_read(tmp_path):
         assert outs[-1].finish_reason == "completed"
         await assert_emptied(sender, reader)
         assert pipeline.connector.statistics().total_chunks_unread == 0
+
+
+async def test_a_stage_counts_the_output_batches_nobody_has_taken_yet():
+    """``outputs_queued``: what the stage read from its worker and its orchestrator has
+    not taken (here, there is none)."""
+    async with open_inprocess_stage(stream, engine_args={"count": 3}) as stage:
+        assert stage.statistics().outputs_queued == 0
+        await stage.submit("r", "p")
+        await eventually(lambda: stage.statistics().outputs_queued >= 1)
+        taken = stage.outputs.receive_nowait()
+        assert [output.data for output in taken][:1] == ["p:0:0"]

@@ -113,7 +113,6 @@ class FlowLedger:
         credit: Callable[[int, str, int, int], StageCredit],
         on_armed: Callable[[], None] = lambda: None,
     ) -> None:
-        self.limits = limits
         self.max_unread_outputs = limits.max_unread_outputs
         self.max_unread_bytes = limits.max_unread_bytes
         #: ``None``: no idle check.

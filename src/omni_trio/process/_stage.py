@@ -29,7 +29,13 @@ from ._options import WorkerOptions
 from .worker import _shm
 from .worker import _wire as wire
 
-__all__ = ["ProcessStage", "ProcessStageStatistics", "WorkerUnavailableError"]
+__all__ = [
+    "STAGE_TABLES",
+    "WORKER_TABLES",
+    "ProcessStage",
+    "ProcessStageStatistics",
+    "WorkerUnavailableError",
+]
 
 logger = logging.getLogger("omni_trio.process")
 
@@ -110,17 +116,14 @@ class ProcessStageStatistics:
     outputs_queued: int = 0
 
 
-#: The statistics a worker reports (``wire.Pong``) under the same names.
-_REPORTED = (
-    "chunks_waiting",
-    "chunks_held",
-    "chunk_bytes_held",
-    "chunks_unacked",
-    "chunk_bytes_unacked",
-    "requests_written",
-    "acks_owed",
-    "ring_bytes_in_use",
+#: The statistics a worker reports (``wire.Pong``'s fields, under the same names;
+#: ``requests`` becomes ``worker_requests``).
+WORKER_TABLES = tuple(
+    name for name in wire.Pong.__struct_fields__ if name not in ("seq", "requests")
 )
+#: The statistics that count what a stage and its worker hold per request: each is
+#: 0 once no request is in flight there (``docs/lifecycle.md`` lists their bounds).
+STAGE_TABLES = ("in_flight", "submits_waiting", "worker_requests", *WORKER_TABLES)
 
 
 @final
@@ -225,7 +228,7 @@ class ProcessStage(metaclass=NoPublicConstructor):
         tables: dict[str, Any] = {}
         if report is not None:
             assert worker is not None
-            tables = {name: getattr(report, name) for name in _REPORTED}
+            tables = {name: getattr(report, name) for name in WORKER_TABLES}
             tables["worker_requests"] = report.requests
             tables["seconds_since_report"] = trio.current_time() - worker.reported_at
         return ProcessStageStatistics(

@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from ._model import ServedModel as ServedModel
     from ._protocol import OpenAIError as OpenAIError
     from ._server import DEFAULT_PORT as DEFAULT_PORT
+    from ._server import DEFAULT_WRITE_TIMEOUT as DEFAULT_WRITE_TIMEOUT
     from ._server import serve as serve
 
 _EXPORTS = {
@@ -34,7 +35,7 @@ _EXPORTS = {
     ],
     "._model": ["FinalOutput", "ServedModel"],
     "._protocol": ["OpenAIError"],
-    "._server": ["DEFAULT_PORT", "serve"],
+    "._server": ["DEFAULT_PORT", "DEFAULT_WRITE_TIMEOUT", "serve"],
 }
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)
 # Imported on first use: the command line imports this package before it knows

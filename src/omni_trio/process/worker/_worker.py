@@ -318,6 +318,19 @@ class Worker:
             ring_bytes_in_use=ring_bytes,
         )
 
+    async def _spend_credit(self, request: WorkerRequest, size: int) -> None:
+        """Take an output of ``size`` bytes from the request's credit, once it has
+        that much: its engine waits here, holding the output it made, outside the
+        gate (waiting to send is not computing)."""
+        credit = request.credit
+        assert credit is not None
+        if not credit.allows(size):
+            if request.inside:
+                request.inside = False
+                self.gate.leave()
+            await credit.wait_for(size)
+        credit.spend(size)
+
     async def _run(self, request_id: str, inputs: Any, request: WorkerRequest) -> None:
         io = RequestIO(self, request_id, request)
         control = self.control
@@ -340,15 +353,8 @@ class Worker:
                             if isinstance(data, Last):
                                 last = data.data
                                 break  # the engine said so: closing it is its end
-                            credit = request.credit
-                            if credit is not None:  # flow control: its consumer's pace
-                                size = output_size(data)
-                                if not credit.allows(size):
-                                    if request.inside:  # waiting to send is not computing
-                                        request.inside = False
-                                        self.gate.leave()
-                                    await credit.wait_for(size)
-                                credit.spend(size)
+                            if request.credit is not None:  # its consumer's pace
+                                await self._spend_credit(request, output_size(data))
                             frame = wire.encode(wire.Output(request_id, data, False))
                             del data
                             control.send_nowait(frame)
