@@ -51,7 +51,7 @@ def check_max_in_flight(max_in_flight: object) -> None:
 def check_positive_int(name: str, value: object) -> None:
     """Raise ``ValueError`` unless ``value`` is an ``int`` >= 1 (a bound: bytes, outputs)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 def check_stage_methods(index: int, stage: object) -> None:

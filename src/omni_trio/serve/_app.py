@@ -12,8 +12,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from .._checks import check_positive_int
 from ._answer import Plan
-from ._body import DEFAULT_MAX_REQUEST_BYTES, check_max_request_bytes, read_body, refuse
+from ._body import DEFAULT_MAX_REQUEST_BYTES, read_body, refuse
 from ._chat import ChatResponse, send_json
 from ._metrics import CONTENT_TYPE
 from ._model import ServedModel
@@ -95,7 +96,7 @@ def create_app(
     """
     if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
         raise ValueError(f"max_waiting must be an integer >= 0, got {max_waiting!r}")
-    check_max_request_bytes(max_request_bytes)
+    check_positive_int("max_request_bytes", max_request_bytes)
     state = ServerState(model, max_waiting, on_outputs)
     created = int(time.time())
 

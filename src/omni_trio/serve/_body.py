@@ -19,7 +19,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MAX_REQUEST_BYTES",
-    "check_max_request_bytes",
     "read_body",
     "refuse",
     "too_large",
@@ -27,17 +26,6 @@ __all__ = [
 
 #: The largest request body the server reads (1 MiB).
 DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024
-
-
-def check_max_request_bytes(value: object) -> int:
-    """``value`` if it is an integer >= 1.
-
-    Raises:
-      ValueError: it is not, saying so and naming ``max_request_bytes``.
-    """
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"max_request_bytes must be an integer >= 1, got {value!r}")
-    return value
 
 
 def too_large(limit: int, length: int | None = None) -> OpenAIError:
