@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, TypeAlias
 
 import attrs
+import msgspec
 
 from ._checks import check_positive_int, check_seconds
 from ._messages import OrchOutput, RequestMetrics, StageOutput
@@ -568,7 +569,7 @@ class OrchestratorCore:
             num_outputs=st.num_outputs,
             stage_submit_times=st.submit_times,
         )
-        self._outputs.append(attrs.evolve(terminal, metrics=metrics))
+        self._outputs.append(msgspec.structs.replace(terminal, metrics=metrics))
 
     def _drop(self, stage_id: int, output: object, why: str, *, level: int = logging.DEBUG) -> None:
         self.dropped_outputs += 1

@@ -1,7 +1,11 @@
 """The two message types that cross the orchestrator: what stages say, what users get.
 
-Pure data (attrs, frozen, slotted). No trio or asyncio import: the sans-IO core and
-both drivers share these.
+Pure data, no trio or asyncio import: the sans-IO core and both drivers share these.
+:class:`StageOutput` and :class:`OrchOutput` are built once per output, so they are
+frozen :class:`msgspec.Struct`\\ s (about 50 ns to build here, against about 400 ns for
+a frozen attrs class); :class:`RequestMetrics`, one per request, is a frozen attrs
+class. To copy an output with some fields changed, use
+:func:`msgspec.structs.replace` (``attrs.evolve`` is for attrs classes).
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import attrs
+import msgspec
 
 __all__ = ["FinishReason", "OrchOutput", "RequestMetrics", "StageItem", "StageOutput"]
 
@@ -16,11 +21,11 @@ FinishReason = Literal["completed", "aborted", "error"]
 """Why a request ended; carried only by its terminal :class:`OrchOutput`."""
 
 
-@attrs.frozen
-class StageOutput:
+class StageOutput(msgspec.Struct, frozen=True):
     """One message from a stage engine about one request.
 
-    Stages put these on their :attr:`~omni_trio.Stage.outputs` channel.
+    Stages put these on their :attr:`~omni_trio.Stage.outputs` channel. Immutable;
+    :func:`msgspec.structs.replace` copies one with fields changed.
 
     Attributes:
       request_id: The request this output belongs to.
@@ -77,12 +82,15 @@ class RequestMetrics:
         return None if first is None else first - self.arrival_time
 
 
-@attrs.frozen
-class OrchOutput:
+class OrchOutput(msgspec.Struct, frozen=True):
     """One message from the orchestrator to the user.
 
     Every request gets zero or more non-terminal outputs (``finished=False``), then
     exactly one terminal output (``finished=True``), which is always its last.
+
+    Immutable; :func:`msgspec.structs.replace` copies one with fields changed.
+    Equality, hashing and ``repr`` leave ``metrics`` out: two outputs are the same
+    message whatever their timings.
 
     Attributes:
       request_id: The request this output belongs to.
@@ -103,7 +111,36 @@ class OrchOutput:
     finished: bool
     finish_reason: FinishReason | None = None
     error: str | None = None
-    metrics: RequestMetrics | None = attrs.field(default=None, eq=False, repr=False)
+    metrics: RequestMetrics | None = None
+
+    def _key(self) -> tuple[Any, ...]:
+        return (
+            self.request_id,
+            self.stage_id,
+            self.data,
+            self.finished,
+            self.finish_reason,
+            self.error,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not OrchOutput:
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        fields = (
+            f"request_id={self.request_id!r}, stage_id={self.stage_id!r}, "
+            f"data={self.data!r}, finished={self.finished!r}"
+        )
+        if self.finish_reason is not None:
+            fields += f", finish_reason={self.finish_reason!r}"
+        if self.error is not None:
+            fields += f", error={self.error!r}"
+        return f"OrchOutput({fields})"
 
 
 StageItem = StageOutput | list[StageOutput]
