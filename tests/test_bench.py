@@ -12,6 +12,7 @@ import pytest
 
 import omni_trio
 from frameworks import FRAMEWORKS
+from omni_trio.bench import _latency
 from omni_trio.bench._workloads import BenchError, BenchStage, throughput
 from omni_trio.compare.frameworks import Framework
 
@@ -82,3 +83,44 @@ def test_throughput_checks_that_every_request_got_all_its_outputs(
     monkeypatch.setattr(BenchStage, "prepare", losing_one)
     with pytest.raises(BenchError, match=rf"^{fw.name}: request 'r2' got 18 outputs, 20 expected"):
         run()
+
+
+@pytest.mark.parametrize("fw", FRAMEWORKS, ids=lambda fw: fw.name)
+def test_a_latency_run_reports_its_backlog_and_the_machine(fw: Framework) -> None:
+    result = _latency.latency(fw, 20_000, 0.05)
+    assert result["rate"] == 20_000
+    assert 0 < result["p50"] <= result["p99"] <= result["max"]
+    assert result["lag"] <= result["max"]
+    assert result["drained"] is (result["lag"] <= _latency.DRAIN_BOUND)
+    assert result["foreign"] is None or 0 <= result["foreign"] <= 1
+
+
+@pytest.mark.parametrize("guess", [1_000.0, 100_000.0, 10_000_000.0])
+def test_capacity_brackets_the_highest_rate_that_drains(
+    guess: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    limit = 123_456.0
+    probes: list[float] = []
+
+    def fake(fw: Framework, rate: float, duration: float) -> dict[str, object]:
+        probes.append(rate)
+        return {"drained": rate <= limit}
+
+    monkeypatch.setattr(_latency, "latency", fake)
+    found = _latency.capacity(FRAMEWORKS[0], guess, steps=8)
+    assert found <= limit  # it drained there: never above what drains
+    assert found >= limit * 0.98  # 8 bisections of the bracket
+    assert len(probes) < 30
+
+
+def test_capacity_gives_up_when_nothing_drains(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_latency, "latency", lambda fw, rate, duration: {"drained": False})
+    with pytest.raises(BenchError, match="drains at no rate above 1,000/s"):
+        _latency.capacity(FRAMEWORKS[0], 50_000.0)
+
+
+def test_foreign_load_without_proc_stat_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_latency, "_STAT", Path("/nonexistent/stat"))
+    with _latency.ForeignLoad() as load:
+        pass
+    assert load.value is None

@@ -8,7 +8,8 @@ import json
 import sys
 
 from ..compare.frameworks import FRAMEWORKS
-from ._workloads import run_all, throughput
+from ._run import run_all
+from ._workloads import throughput
 
 PROG = "python -m omni_trio.bench"
 
@@ -33,9 +34,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog=PROG)
     parser.add_argument("--impl", choices=sorted(FRAMEWORKS), required=True)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--latency-load", type=float, help="scenario 5's offered load (events/s)")
     parser.add_argument(
-        "--throughput-only", action="store_true", help="only scenarios 1 and 2 (a yardstick's)"
+        "--latency-capacity",
+        type=float,
+        help="scenario 5 runs at fractions of this rate (events/s), not of its own capacity",
+    )
+    parser.add_argument(
+        "--throughput-only", action="store_true", help="only scenarios 1 to 3 (a yardstick's)"
     )
     parser.add_argument(
         "--profile",
@@ -57,7 +62,10 @@ def main() -> None:
         print(profiler.output_text(unicode=True, color=False))
         return
     results = run_all(
-        fw, quick=args.quick, latency_load=args.latency_load, throughput_only=args.throughput_only
+        fw,
+        quick=args.quick,
+        latency_capacity=args.latency_capacity,
+        throughput_only=args.throughput_only,
     )
     print(json.dumps(results))
 

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import statistics
 import time
 import tracemalloc
-from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -23,12 +21,22 @@ import trio
 from .. import StageOutput
 from ..compare.frameworks import Framework
 
-__all__ = ["BenchError", "BenchStage", "channel_hop", "run_all"]
+__all__ = [
+    "FINALS",
+    "BenchError",
+    "BenchStage",
+    "channel_hop",
+    "memory_per_request",
+    "no_prewarm",
+    "per_event_cost",
+    "settle_gc",
+    "throughput",
+]
 
 FINALS = {0, 2}
 
 
-def _nothing(stage_id: int, prompt: Any) -> None:
+def no_prewarm(stage_id: int, prompt: Any) -> None:
     return None
 
 
@@ -111,7 +119,7 @@ async def channel_hop(fw: Framework, n: int) -> float:
     return await (_trio_hop(n) if fw.name == "trio" else _asyncio_hop(n))
 
 
-def _settle_gc() -> None:
+def settle_gc() -> None:
     """Collect, then move everything alive out of the collector's way.
 
     The scenarios build large plans before the clock starts; without this, a
@@ -142,9 +150,9 @@ async def throughput(
     expected = k * len(FINALS)
     seen = dict.fromkeys(ids, 0)  # outputs per request, terminal included
     ends: dict[str, Any] = {}  # each request's terminal, and how many outputs preceded it
-    fns = {"forward_fn": _forward} if mode == "forward" else {"prewarm_fn": _nothing}
+    fns = {"forward_fn": _forward} if mode == "forward" else {"prewarm_fn": no_prewarm}
     async with fw.open_orchestrator(stages, FINALS, **fns) as orch:
-        _settle_gc()
+        settle_gc()
         start = time.perf_counter()
         if streams:
 
@@ -210,7 +218,7 @@ async def per_event_cost(fw: Framework, in_flight: int, events: int) -> float:
     """Seconds per event with ``in_flight`` requests open while their outputs flow."""
     k = max(2, events // (3 * in_flight))
     stages = [BenchStage(fw, k, hold=True) for _ in range(3)]
-    async with fw.open_orchestrator(stages, FINALS, prewarm_fn=_nothing) as orch:
+    async with fw.open_orchestrator(stages, FINALS, prewarm_fn=no_prewarm) as orch:
         for i in range(in_flight):
             await orch.add_request(f"r{i}", None)
         while len(stages[2].held) < in_flight:  # every submit delivered
@@ -221,7 +229,7 @@ async def per_event_cost(fw: Framework, in_flight: int, events: int) -> float:
             for stage in stages
             for rid in stage.held
         ]
-        _settle_gc()
+        settle_gc()
         start = time.perf_counter()
         for stage, output in plan:
             stage.emit(output)
@@ -232,64 +240,12 @@ async def per_event_cost(fw: Framework, in_flight: int, events: int) -> float:
     return elapsed / (in_flight * k * 3)
 
 
-async def latency(fw: Framework, rate: float, duration: float) -> dict[str, float]:
-    """Emission-to-consumer latency at a steady offered load of ``rate`` events/s.
-
-    A producer task plays the stages' engines: it emits every output as soon as it is
-    due, stamped with that moment, and yields after each round, so arrivals are spread
-    evenly instead of coming in timer-sized bursts. The consumer measures how long each
-    output took to reach it through the orchestrator (reader, handler, its queue).
-    """
-    requests = 100
-    per_stage = rate / 3
-    k = max(2, int(per_stage * duration / requests))
-    stages = [BenchStage(fw, k, hold=True) for _ in range(3)]
-    samples: list[float] = []
-    async with fw.open_orchestrator(stages, FINALS, prewarm_fn=_nothing) as orch:
-        for i in range(requests):
-            await orch.add_request(f"r{i}", None)
-        while len(stages[2].held) < requests:
-            await fw.sleep(0)
-        plan = [(i, rid) for i in range(k) for rid in stages[0].held]
-        last = k - 1
-
-        async def engines() -> None:
-            start = time.perf_counter()
-            sent = 0
-            while sent < len(plan):
-                now = time.perf_counter()
-                due = min(len(plan), int((now - start) * per_stage) + 1)
-                for i, rid in plan[sent:due]:
-                    for stage in stages:
-                        stage.emit(StageOutput(rid, now, i == last))
-                sent = due
-                await fw.sleep(0)
-
-        _settle_gc()
-        async with fw.open_tasks() as tasks:
-            tasks.start_soon(engines)
-            ended = 0
-            while ended < requests:
-                out = await orch.next_output()
-                if out.data is not None:
-                    samples.append(time.perf_counter() - out.data)
-                ended += out.finished
-    samples.sort()
-    return {
-        "p50": samples[len(samples) // 2],
-        "p99": samples[int(len(samples) * 0.99)],
-        "max": samples[-1],
-        "mean": statistics.fmean(samples),
-        "rate": rate,
-    }
-
-
 async def memory_per_request(fw: Framework, n: int) -> float:
     """Bytes of orchestrator state per in-flight request (tracemalloc; no payloads)."""
     stages = [BenchStage(fw, 1, hold=True) for _ in range(3)]
     for stage in stages:
         stage.count_only = True  # the stages keep nothing per request
-    async with fw.open_orchestrator(stages, FINALS, prewarm_fn=_nothing) as orch:
+    async with fw.open_orchestrator(stages, FINALS, prewarm_fn=no_prewarm) as orch:
         ids = [f"r{i:08d}" for i in range(n)]  # the ids are the user's, not ours
         await orch.add_request("warm-up", None)
         while stages[2].submitted < 1:
@@ -305,57 +261,3 @@ async def memory_per_request(fw: Framework, n: int) -> float:
         after = tracemalloc.get_traced_memory()[0]
         tracemalloc.stop()
     return (after - before) / n
-
-
-def run_all(
-    fw: Framework,
-    *,
-    quick: bool,
-    latency_load: float | None = None,
-    throughput_only: bool = False,
-) -> dict[str, Any]:
-    """Every scenario once, in this process, best of ``repeats`` where it is timed.
-
-    Scenario 5 runs at ``latency_load`` events/s, by default half of this
-    implementation's scenario-1 rate (``omni-trio bench`` passes half of Trio's, so
-    that every implementation is measured at the same offered load). With
-    ``throughput_only``, only scenarios 1 and 2 (the plain design is a yardstick for
-    those). Where the framework takes outputs in batches, scenarios 1 and 2 also run
-    with batches (``next_outputs()``, ``receive_batch()``).
-    """
-    n, k = (40, 10) if quick else (1000, 100)
-    repeats = 1 if quick else 3
-    results: dict[str, Any] = {}
-
-    def best(scenario: Callable[[], Any]) -> float:
-        return max(float(fw.run(scenario)) for _ in range(repeats))
-
-    def rate(*, streams: bool, batches: bool = False) -> float:
-        return best(
-            lambda: throughput(fw, n, k, streams=streams, mode="async_chunk", batches=batches)
-        )
-
-    for key, streams in (("throughput_next_output", False), ("throughput_streams", True)):
-        results[key] = rate(streams=streams)
-        if fw.batches:
-            results[f"{key}_batches"] = rate(streams=streams, batches=True)
-    if throughput_only:
-        return results
-    results["throughput_forward"] = best(
-        lambda: throughput(fw, n, k, streams=False, mode="forward")
-    )
-    events = 3_000 if quick else 300_000
-
-    def cost_at(in_flight: int) -> float:
-        return min(
-            float(fw.run(lambda: per_event_cost(fw, in_flight, events))) for _ in range(repeats)
-        )
-
-    results["per_event_cost"] = {str(x): cost_at(x) for x in (10, 100, 1_000, 10_000)}
-    load = latency_load or results["throughput_next_output"] / 2
-    results["latency"] = fw.run(lambda: latency(fw, load, 0.2 if quick else 2.0))
-    results["memory_per_request"] = fw.run(lambda: memory_per_request(fw, 500 if quick else 10_000))
-    results["channel_hop"] = min(
-        fw.run(lambda: channel_hop(fw, 2_000 if quick else 200_000)) for _ in range(repeats)
-    )
-    return results
