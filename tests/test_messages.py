@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import pickle
 
 import msgspec
@@ -79,3 +80,23 @@ def test_match_args_keep_the_field_order() -> None:
     match OrchOutput("r", 0, "a", False):
         case OrchOutput(request_id, stage_id, data, finished):
             assert (request_id, stage_id, data, finished) == ("r", 0, "a", False)
+
+
+def test_signatures_resolve_from_the_package() -> None:
+    # The types are re-exported as omni_trio.X; their signatures (help(), Sphinx)
+    # must not need names from the module they were defined in.
+    assert list(inspect.signature(OrchOutput).parameters) == [
+        "request_id",
+        "stage_id",
+        "data",
+        "finished",
+        "finish_reason",
+        "error",
+        "metrics",
+    ]
+    assert list(inspect.signature(StageOutput).parameters) == [
+        "request_id",
+        "data",
+        "finished",
+        "error",
+    ]

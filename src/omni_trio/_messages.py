@@ -8,8 +8,9 @@ class. To copy an output with some fields changed, use
 :func:`msgspec.structs.replace` (``attrs.evolve`` is for attrs classes).
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: the structs' signatures are built
+# from their annotations, which must then be objects, not names to look up in the
+# module that re-exports them (``omni_trio``).
 from typing import Any, Literal
 
 import attrs
