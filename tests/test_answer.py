@@ -10,9 +10,17 @@ import msgspec
 import pytest
 
 from omni_trio import OrchOutput, RequestMetrics
+from omni_trio._audio import wav_bytes
 from omni_trio.serve import FinalOutput
 from omni_trio.serve._answer import DONE, Answer, Plan, error_event
-from omni_trio.serve._protocol import OpenAIError
+from omni_trio.serve._protocol import (
+    AudioDelta,
+    ChatCompletionChunk,
+    ChunkChoice,
+    Delta,
+    OpenAIError,
+    encode,
+)
 
 TEXT, AUDIO = FinalOutput(0, "text", "thinker"), FinalOutput(2, "audio", "code2wav", 16_000)
 
@@ -54,6 +62,39 @@ def test_a_streamed_answer_is_one_chunk_per_output_then_finish_usage_done():
     assert chunks[4]["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
     assert {c["id"] for c in chunks[:5]} == {chunks[0]["id"]}
     assert counted == [0, 2, 0]  # the bare completion is no content
+
+
+@pytest.mark.parametrize("audio_format", ["pcm16", "wav"])
+def test_streamed_events_are_the_bytes_their_chunk_structs_encode_to(audio_format):
+    """The events come from per-answer templates; byte for byte, they are what
+    encoding each chunk struct gives (escapes, non-ASCII, the role on the first)."""
+    texts = ['a "quoted" \\ \n\t\x01\x1f \u2028 caf\u00e9 \U0001f600', "", " plain", 42]
+    audios = [b"\x01\x00", bytearray(b"\xff\x7f" * 5), memoryview(b"\x00\x80" * 7), b""]
+    batch = []
+    for text, audio in zip(texts, audios, strict=True):
+        batch += [out(0, text), out(2, audio)]
+    answer = Answer(plan(audio_format=audio_format), "m\u00f6del")
+    raw = answer.take(batch[:3]) + answer.take(batch[3:])
+    head = events(raw)[0]
+    expected = b""
+    for index, output in enumerate(batch):
+        role = None if index else "assistant"
+        if output.stage_id == 0:
+            delta = Delta(role=role, content=str(output.data))
+        else:
+            pcm = bytes(output.data)
+            if audio_format == "wav":
+                pcm = wav_bytes(pcm, AUDIO.sample_rate)
+            audio = AudioDelta("audio-" + head["id"][9:], base64.b64encode(pcm).decode())
+            delta = Delta(role=role, audio=audio)
+        chunk = ChatCompletionChunk(
+            id=head["id"],
+            created=head["created"],
+            model="m\u00f6del",
+            choices=[ChunkChoice(0, delta)],
+        )
+        expected += b"data: " + encode(chunk) + b"\n\n"
+    assert raw == expected
 
 
 def test_a_wav_chunk_is_a_whole_wav_file_at_the_stage_rate():

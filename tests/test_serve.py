@@ -8,6 +8,7 @@ by a generous ``fail_after`` that only a hang would reach.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,6 +23,7 @@ import trio.testing
 from trio_util import AsyncValue
 
 from omni_trio.serve import ServedModel, create_app
+from omni_trio.serve._server import FULL_COLLECTION_EVERY
 from omni_trio.serve._state import ServerStatistics
 from serve_helpers import (
     AUDIO,
@@ -199,6 +201,111 @@ class TestStreaming:
         assert reasons == [None] * (TEXT_DELTAS + AUDIO_CHUNKS) + ["stop"]
         assert chunks[-1].choices == []
         assert chunks[-1].usage.completion_tokens == TEXT_DELTAS
+
+
+#: What every chunk of the golden streams starts with (ids and ``created`` made constant).
+_CHUNK = (
+    '{"id":"chatcmpl-ID","object":"chat.completion.chunk","created":0,'
+    '"model":"qwen-omni-scripted","choices":'
+)
+
+
+def _delta_event(delta: str) -> str:
+    return _CHUNK + '[{"index":0,"delta":' + delta + ',"finish_reason":null}],"usage":null}'
+
+
+def _sse(*events: str) -> bytes:
+    return b"".join(b"data: " + event.encode() + b"\n\n" for event in events)
+
+
+def _audio(data: str) -> str:
+    return '{"audio":{"id":"audio-ID","data":"' + data + '"}}'
+
+
+#: The first text delta: JSON's escapes (quotes, a backslash, control characters),
+#: and non-ASCII as UTF-8, beyond the BMP too.
+_TEXT = 'He said "hi" \\ \n\t\x01 caf\u00e9 \U0001f600'
+_TEXT_JSON = r'"He said \"hi\" \\ \n\t\u0001 ' + 'caf\u00e9 \U0001f600"'
+_FINISH = _CHUNK + '[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":null}'
+
+
+class TestTheBytes:
+    """A streamed answer's SSE bytes, byte for byte (its ids and ``created`` aside)."""
+
+    GOLDEN: ClassVar[dict[str, bytes]] = {
+        "pcm16": _sse(
+            _delta_event('{"role":"assistant","content":' + _TEXT_JSON + "}"),
+            _delta_event(_audio("AQD/fw==")),
+            _delta_event('{"content":"plain "}'),
+            _delta_event(
+                _audio("AAUKDxQZHiMoLTI3PEFGS1BVWl9kaW5zeH2Ch4yRlpugpaqvtLm+w8jN0tfc4ebr8PX6/w==")
+            ),
+            _delta_event('{"content":"end."}'),
+            _delta_event(_audio("AIA=")),
+            _FINISH,
+            _CHUNK + '[],"usage":{"prompt_tokens":2,"completion_tokens":3,"total_tokens":5}}',
+            "[DONE]",
+        ),
+        "wav": _sse(
+            _delta_event('{"role":"assistant","content":' + _TEXT_JSON + "}"),
+            _delta_event(
+                _audio("UklGRigAAABXQVZFZm10IBAAAAABAAEAgD4AAAB9AAACABAAZGF0YQQAAAABAP9/")
+            ),
+            _delta_event('{"content":"plain "}'),
+            _delta_event(
+                _audio(
+                    "UklGRlgAAABXQVZFZm10IBAAAAABAAEAgD4AAAB9AAACABAAZGF0YTQAAAAABQoPFBkeIygt"
+                    "Mjc8QUZLUFVaX2RpbnN4fYKHjJGWm6Clqq+0ub7DyM3S19zh5uvw9fr/"
+                )
+            ),
+            _delta_event('{"content":"end."}'),
+            _delta_event(
+                _audio("UklGRiYAAABXQVZFZm10IBAAAAABAAEAgD4AAAB9AAACABAAZGF0YQIAAAAAgA==")
+            ),
+            _FINISH,
+            "[DONE]",
+        ),
+    }
+
+    @pytest.mark.parametrize("audio_format", ["pcm16", "wav"])
+    async def test_a_scripted_stream_is_the_golden_bytes(self, server, audio_format):
+        prompt = MANUAL + "golden " + audio_format
+
+        async def emit():
+            rid = await server.engine.submitted(prompt, 2)
+            # each output taken before the next is emitted: one order only
+            for stage, data, finished in (
+                (0, _TEXT, False),
+                (2, b"\x01\x00\xff\x7f", False),
+                (0, "plain ", False),
+                (2, bytes(range(0, 256, 5)), False),
+                (0, "end.", True),
+                (1, None, True),
+                (2, b"\x00\x80", True),
+            ):
+                await trio.testing.wait_all_tasks_blocked()
+                await server.stages[stage].emit(rid, data, finished=finished)
+
+        body = chat_body(
+            prompt,
+            stream=True,
+            stream_options={"include_usage": audio_format == "pcm16"},
+            audio={"format": audio_format},
+        )
+        async with http_client() as client, trio.open_nursery() as nursery:
+            nursery.start_soon(emit)
+            response = await client.post(server.chat_url(), json=body)
+        assert response.status_code == 200
+        assert _normalized(response.content) == self.GOLDEN[audio_format]
+
+
+def _normalized(body: bytes) -> bytes:
+    """``body`` with its chunk id, audio id and ``created`` made constant."""
+    events = sse_events(body)
+    chunk_id = events[0]["id"]
+    body = body.replace(chunk_id.encode(), b"chatcmpl-ID")
+    body = body.replace(b"audio-" + chunk_id[9:].encode(), b"audio-ID")
+    return body.replace(b'"created":%d,' % events[0]["created"], b'"created":0,')
 
 
 # -- 2. whole responses ----------------------------------------------------------------
@@ -1337,3 +1444,29 @@ async def test_a_stop_waits_for_a_client_that_reads_nothing_no_longer_than_the_w
             server.stopping.set()
             with trio.fail_after(PROMPTLY):
                 await server.returned.wait()
+
+
+# -- 13. the heap ------------------------------------------------------------------------------
+
+
+async def test_while_serving_the_heap_is_frozen_and_full_collections_are_rarer():
+    """What the process held once the pipeline started is frozen (no collection scans
+    it again) and full collections come at most once per FULL_COLLECTION_EVERY middle
+    ones. The last server to stop restores both; one that stops while another runs
+    leaves them."""
+    thresholds = gc.get_threshold()
+    assert gc.get_freeze_count() == 0
+    async with running_server() as first:
+        assert gc.get_freeze_count() > 0
+        young, middle, full = gc.get_threshold()
+        assert (young, middle) == thresholds[:2]
+        assert full == max(thresholds[2], FULL_COLLECTION_EVERY)
+        async with running_server():
+            assert gc.get_threshold()[2] == full
+        assert gc.get_freeze_count() > 0  # the first one still runs
+        assert gc.get_threshold()[2] == full
+        async with http_client() as client:  # and serves as before
+            response = await client.post(first.chat_url(), json=chat_body("frozen"))
+        assert response.json()["choices"][0]["message"]["content"] == "".join(text_of("frozen"))
+    assert gc.get_threshold() == thresholds
+    assert gc.get_freeze_count() == 0

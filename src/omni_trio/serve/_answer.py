@@ -5,6 +5,11 @@ HTTP): it turns batches of :class:`~omni_trio.OrchOutput` into OpenAI's SSE
 ``chat.completion.chunk`` events, or into one ``chat.completion`` object, and keeps
 what the answer needs to know (the finish reason, the usage). The ASGI response in
 ``_chat`` drives it; tests can drive it with plain lists of outputs.
+
+A streamed answer's content events are all alike but for one value (the text, or the
+audio's base64), so each is made from a template -- the bytes of its chunk struct
+with a hole where that value goes, encoded once per answer -- and the value's JSON:
+per output, one encoded string and one join, not a struct encoded.
 """
 
 from __future__ import annotations
@@ -41,6 +46,10 @@ if TYPE_CHECKING:
 __all__ = ["DONE", "Answer", "Plan", "error_event"]
 
 DONE = b"data: [DONE]\n\n"
+#: A delta's value while its event's template is made (only the delta's value can be
+#: this string: the rest of a chunk comes before it, or is ``null``).
+_HOLE = "\x00"
+_HOLE_JSON = encode(_HOLE)
 
 
 @attrs.frozen
@@ -121,6 +130,8 @@ class Answer:
         self._by_stage = {o.stage_id: o for o in plan.outputs}
         self.finish: str | None = None
         self._first = True  # the next delta is the first: it carries the role
+        #: (modality, first) -> the bytes of a content event before and after its value
+        self._templates: dict[tuple[str, bool], tuple[bytes, bytes]] = {}
         self._text: list[str] = []  # all of it, for a whole (non-streamed) answer
         self._audio: list[bytes] = []  # the same
         self._max_kept = max_whole_bytes
@@ -141,48 +152,77 @@ class Answer:
           OpenAIError: 500, an output the API cannot carry (audio that is not bytes);
               400, a whole answer that would grow over ``max_whole_bytes``.
         """
-        events = bytearray()
+        parts: list[bytes] = []
+        stream = self._plan.stream
         limit = self._plan.token_limit
         for output in batch:
             if output.data is not None and output.finish_reason in (None, "completed"):
                 self._on_output(output.stage_id)
-                delta = self._delta(output)
-                if self._plan.stream:
-                    events += self._event([ChunkChoice(0, delta)])
+                final = self._by_stage[output.stage_id]
+                if final.modality == "text":
+                    value = self._take_text(output.data)
+                else:
+                    value = self._take_audio(output.data, final)
+                if stream:
+                    before, after = self._template(final.modality)
+                    parts += (before, value, after)
             if output.finished:  # always the last
                 if output.finish_reason == "completed":
                     self.finish = "stop"
             elif limit is not None and self._tokens >= limit:
                 self.finish = "length"
                 break
-        return bytes(events)
+        return b"".join(parts)
 
-    def _delta(self, output: OrchOutput) -> Delta:
-        final = self._by_stage[output.stage_id]
-        role = "assistant" if self._first else None
-        self._first = False
-        keep = not self._plan.stream  # a whole response is built from all of it
-        if final.modality == "text":
-            text = output.data if isinstance(output.data, str) else str(output.data)
-            if keep:
-                self._keep(len(text))
-                self._text.append(text)
-            self._tokens += 1
-            return Delta(role=role, content=text)
-        data = output.data
+    def _take_text(self, data: object) -> bytes:
+        """Take a text output; streaming, its JSON string."""
+        text = data if isinstance(data, str) else str(data)
+        stream = self._plan.stream
+        if not stream:  # a whole response is built from all of it
+            self._keep(len(text))
+            self._text.append(text)
+        self._tokens += 1
+        return encode(text) if stream else b""
+
+    def _take_audio(self, data: object, final: FinalOutput) -> bytes:
+        """Take an audio output; streaming, its base64 (the JSON string's inside)."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise OpenAIError(
                 500,
                 f"{final.label} sent audio that is not bytes: {type(data).__name__}",
                 type="server_error",
             )
-        pcm = bytes(data)
-        if keep:
+        if not self._plan.stream:
+            pcm = bytes(data)
             self._keep(len(pcm))
             self._audio.append(pcm)
+            return b""
+        pcm = data if isinstance(data, bytes) else bytes(data)
         if self._plan.audio_format == "wav":
             pcm = wav_bytes(pcm, final.sample_rate)
-        return Delta(role=role, audio=AudioDelta(self._audio_id, _b64(pcm)))
+        return base64.b64encode(pcm)
+
+    def _template(self, modality: str) -> tuple[bytes, bytes]:
+        """The bytes of the next content event of ``modality`` before and after its
+        value (a text's JSON string; the inside of the audio's JSON string)."""
+        key = (modality, self._first)
+        self._first = False
+        template = self._templates.get(key)
+        if template is None:
+            template = self._templates[key] = self._make_template(*key)
+        return template
+
+    def _make_template(self, modality: str, first: bool) -> tuple[bytes, bytes]:
+        role = "assistant" if first else None
+        if modality == "text":
+            delta = Delta(role=role, content=_HOLE)
+        else:
+            delta = Delta(role=role, audio=AudioDelta(self._audio_id, _HOLE))
+        before, hole, after = self._event([ChunkChoice(0, delta)]).rpartition(_HOLE_JSON)
+        assert hole, "a chunk's template has its hole"
+        if modality == "text":
+            return before, after
+        return before + b'"', b'"' + after  # base64 needs no escapes: only its quotes
 
     def _keep(self, size: int) -> None:
         limit = self._max_kept

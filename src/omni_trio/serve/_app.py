@@ -1,16 +1,23 @@
-"""The Starlette application: routes, and the pipeline in its lifespan."""
+"""The Starlette application: routes, and the pipeline in its lifespan.
+
+The chat endpoint is an ASGI app of its own, called ahead of Starlette's middleware
+and router (:class:`_ChatFirst`): a streamed answer sends once per batch of outputs,
+straight to the server's ``send``, not through two wrappers of it. Middleware added
+with ``add_middleware`` still wraps everything, the chat endpoint too.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from .._checks import check_positive_int
 from ._answer import Plan
@@ -38,6 +45,7 @@ __all__ = [
 
 #: Requests that may wait for a ``max_in_flight`` slot before more get 503.
 DEFAULT_MAX_WAITING = 64
+_CHAT_PATH = "/v1/chat/completions"
 
 
 class ServedPipeline(Protocol):
@@ -165,17 +173,60 @@ def create_app(
                 return
             await ChatResponse(state, plan)(scope, receive, send)
 
-    app = Starlette(
+    chat = Chat()
+    app = _App(
+        chat,
         routes=[
             Route("/health", health, methods=["GET"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
-            Route("/v1/chat/completions", Chat(), methods=["POST"]),
+            Route(_CHAT_PATH, chat, methods=["POST"]),  # what _ChatFirst does not take
         ],
         lifespan=lifespan,
     )
     app.state.omni_trio = state
     return app
+
+
+class _App(Starlette):
+    """Starlette, with ``chat`` called ahead of its own middleware and router for
+    ``POST /v1/chat/completions`` (what ``add_middleware`` adds wraps both)."""
+
+    def __init__(self, chat: ASGIApp, **options: Any) -> None:
+        super().__init__(**options)
+        self._chat = chat
+
+    def build_middleware_stack(self) -> ASGIApp:
+        added, self.user_middleware = self.user_middleware, []
+        try:
+            rest = super().build_middleware_stack()
+        finally:
+            self.user_middleware = added
+        app: ASGIApp = _ChatFirst(self._chat, rest)
+        for cls, args, kwargs in reversed(added):
+            app = cls(app, *args, **kwargs)
+        return app
+
+
+class _ChatFirst:
+    """``chat`` for ``POST /v1/chat/completions``; ``rest`` (Starlette's middleware
+    and router) for anything else. What the chat endpoint raises reaches the server
+    as it is (Hypercorn answers 500 if nothing was sent, and logs it)."""
+
+    def __init__(self, chat: ASGIApp, rest: ASGIApp) -> None:
+        self._chat = chat
+        self._rest = rest
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["path"] == _CHAT_PATH
+            and scope["method"] == "POST"
+            and not scope.get("root_path")
+        ):
+            await self._chat(scope, receive, send)
+        else:
+            await self._rest(scope, receive, send)
 
 
 def server_state(app: Starlette) -> ServerState:

@@ -49,6 +49,9 @@ WRITE_BYTES = 256 * 1024
 def _parts(batch: list[OrchOutput]) -> Iterator[list[OrchOutput]]:
     """``batch`` in parts of about :data:`WRITE_BYTES` of data each (one part, the
     batch itself, when it is small: the common case costs nothing)."""
+    if len(batch) == 1:  # the commonest: one output, one part, nothing to count
+        yield batch
+        return
     start = size = 0
     for index, output in enumerate(batch):
         size += output_size(output.data)
