@@ -152,7 +152,7 @@ async def _traced(rate: float, duration: float, steps: _Steps) -> tuple[float, l
     async with fw.open_orchestrator(stages, {0, 2}, prewarm_fn=lambda *_: None) as orch:
         for i in range(requests):
             await orch.add_request(f"r{i}", None)
-        while len(stages[2].held) < requests:
+        while any(len(stage.held) < requests for stage in stages):
             await fw.sleep(0)
         plan = [(i, rid) for i in range(k) for rid in stages[0].held]
 

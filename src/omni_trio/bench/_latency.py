@@ -96,7 +96,7 @@ async def _latency(fw: Framework, rate: float, duration: float) -> dict[str, Any
     async with fw.open_orchestrator(stages, FINALS, prewarm_fn=no_prewarm) as orch:
         for i in range(requests):
             await orch.add_request(f"r{i}", None)
-        while len(stages[2].held) < requests:
+        while any(len(stage.held) < requests for stage in stages):  # every submit delivered
             await fw.sleep(0)
         plan = [(i, rid) for i in range(k) for rid in stages[0].held]
         last = k - 1

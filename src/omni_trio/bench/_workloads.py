@@ -221,7 +221,7 @@ async def per_event_cost(fw: Framework, in_flight: int, events: int) -> float:
     async with fw.open_orchestrator(stages, FINALS, prewarm_fn=no_prewarm) as orch:
         for i in range(in_flight):
             await orch.add_request(f"r{i}", None)
-        while len(stages[2].held) < in_flight:  # every submit delivered
+        while any(len(stage.held) < in_flight for stage in stages):  # every submit delivered
             await fw.sleep(0)
         plan = [
             (stage, StageOutput(rid, i, i == k - 1))
