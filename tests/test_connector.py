@@ -23,8 +23,10 @@ class FakeWorker:
         self.routes: list[tuple[int, str, bool]] = []
         self.report = None
 
-    def route(self, stage_id: int, address: str, *, gone: bool = False) -> None:
-        self.routes.append((stage_id, address, gone))
+    def route(self, stage_id: int, address: str, *, gone: bool = False, replica: int = 0) -> None:
+        self.routes.append(
+            (stage_id, address, gone) if not replica else (stage_id, address, gone, replica)
+        )
 
     def taken(self) -> list[tuple[int, str, bool]]:
         """The routes sent since the last call."""

@@ -74,7 +74,7 @@ def make_worker(
     prefix: str, engine=None, *, window: int = WINDOW, completion_delay: float = 0.0
 ) -> Worker:
     """Stage 1 of three: it reads stage 0's chunks and sends chunks to stage 2 (a
-    :class:`FakeOutLink`, ``worker.outlinks[0]``); ``relay`` by default."""
+    :class:`FakeOutLink`, ``worker.outlinks[2, 0]``); ``relay`` by default."""
     init = wire.Init(
         1,
         "talker",
@@ -88,7 +88,7 @@ def make_worker(
         window=window,
     )
     worker = Worker(init, relay() if engine is None else engine, framing.FrameWriter(_sink()))
-    worker.outlinks = [FakeOutLink(2)]  # type: ignore[list-item]
+    worker.outlinks = {(2, 0): FakeOutLink(2)}  # type: ignore[dict-item]
     return worker
 
 
@@ -185,7 +185,7 @@ def failure(worker: Worker, request_id: str) -> str | None:
 
 
 def downstream(worker: Worker) -> FakeOutLink:
-    link = worker.outlinks[0]
+    link = worker.outlinks[2, 0]
     assert isinstance(link, FakeOutLink)
     return link
 
@@ -642,10 +642,11 @@ async def test_each_chunk_goes_to_every_downstream_stage_with_its_seq(prefix):
         yield "done"
 
     worker = make_worker(prefix, engine)
-    worker.outlinks = [FakeOutLink(2), FakeOutLink(3)]  # type: ignore[list-item]
+    worker.init.targets = [2, 3]
+    worker.outlinks = {(2, 0): FakeOutLink(2), (3, 0): FakeOutLink(3)}  # type: ignore[dict-item]
     async with trio.open_nursery() as nursery:
         worker.handle(wire.Submit("r", None), nursery)
-    for link in worker.outlinks:
+    for link in worker.outlinks.values():
         assert isinstance(link, FakeOutLink)
         assert link.sent == [("r", 0, b"one"), ("r", 1, b"two"), ("r", 2, b"three")]
         assert link.ended == [("r", 3)]
@@ -653,11 +654,38 @@ async def test_each_chunk_goes_to_every_downstream_stage_with_its_seq(prefix):
 
 async def test_a_route_reaches_the_link_to_its_stage_only(prefix):
     worker = make_worker(prefix)
-    worker.outlinks = [FakeOutLink(2), FakeOutLink(3)]  # type: ignore[list-item]
+    worker.init.targets = [2, 3]
+    worker.outlinks = {(2, 0): FakeOutLink(2), (3, 0): FakeOutLink(3)}  # type: ignore[dict-item]
     async with trio.open_nursery() as nursery:
         worker.handle(wire.Route(3, "\0somewhere"), nursery)
         worker.handle(wire.Route(2, "", gone=True), nursery)
-    assert [link.routes for link in worker.outlinks] == [[("", True)], [("\0somewhere", False)]]
+        worker.handle(wire.Route(7, "\0not-a-target"), nursery)  # not ours: ignored
+    assert [link.routes for link in worker.outlinks.values()] == [
+        [("", True)],
+        [("\0somewhere", False)],
+    ]
+
+
+async def test_a_request_sends_its_chunks_to_its_replica_downstream(prefix):
+    """``Submit.replicas`` picks the link of each downstream stage's replica that runs
+    the request: a request's chunks go there, another request's to its own."""
+
+    async def engine(request, io):
+        await io.send(request.inputs.encode())
+        yield "done"
+
+    worker = make_worker(prefix, engine)
+    replica_1 = FakeOutLink(2)
+    worker.outlinks[2, 1] = replica_1  # type: ignore[assignment]
+    async with trio.open_nursery() as nursery:
+        worker.handle(wire.Submit("a", "to one", replicas={2: 1}), nursery)
+        worker.handle(wire.Submit("b", "to zero"), nursery)
+    assert replica_1.sent == [("a", 0, b"to one")]
+    assert downstream(worker).sent == [("b", 0, b"to zero")]
+    assert replica_1.ended == [("a", 1)]
+    worker.release("a")
+    assert "a" in replica_1.released
+    assert "a" in downstream(worker).released
 
 
 async def test_an_engine_is_held_while_its_outputs_wait_to_be_written(prefix):

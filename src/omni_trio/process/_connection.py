@@ -153,10 +153,10 @@ class WorkerConnection:
         self.in_flight.discard(request_id)
         self._writer.send_nowait(wire.encode(wire.Release(request_id)))
 
-    def route(self, stage_id: int, address: str, *, gone: bool = False) -> None:
-        """Tell it where stage ``stage_id``'s worker listens for its chunks (see
-        ``wire.Route``)."""
-        self._writer.send_nowait(wire.encode(wire.Route(stage_id, address, gone)))
+    def route(self, stage_id: int, address: str, *, gone: bool = False, replica: int = 0) -> None:
+        """Tell it where stage ``stage_id``'s worker (of replica ``replica``) listens
+        for its chunks (see ``wire.Route``)."""
+        self._writer.send_nowait(wire.encode(wire.Route(stage_id, address, gone, replica)))
 
     # -- serving ------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from ._options import (
     WINDOW_BYTES,
     WorkerOptions,
 )
+from ._placement import Placement
 from .worker import _shm
 
 if TYPE_CHECKING:
@@ -133,27 +134,38 @@ class ShmConnector(metaclass=NoPublicConstructor):
         self.window_bytes = window_bytes
         #: Per stage: its label and its startup_timeout (see add_stage).
         self._stages: dict[int, tuple[str, float]] = {}
+        self._replicas: dict[int, int] = {}  # per stage with more than one
         sources: dict[int, list[int]] = {}
         for source, targets in self.routes.items():
             for target in targets:
                 sources.setdefault(target, []).append(source)
         self.sources = {target: tuple(of) for target, of in sources.items()}
-        self._workers: dict[int, WorkerConnection] = {}
-        self._gone: set[int] = set()
+        #: The workers attached, per stage and replica of it.
+        self._workers: dict[tuple[int, int], WorkerConnection] = {}
+        self._gone: set[tuple[int, int]] = set()
         self._routes_sent = 0
+        #: Which replica of each stage runs a request: one placement for the stages
+        #: that stream to each other.
+        self.placement = Placement()
         self._lives: dict[str, int] = {}  # request id -> its current life
         self._last_life = 0
 
     def statistics(self) -> ConnectorStatistics:
         """Return a snapshot of the workers it knows and the shared memory in use."""
         names = _shm.listing(self.prefix)
-        chunks, nbytes = {}, {}
-        for stage_id, worker in sorted(self._workers.items()):
+        chunks: dict[int, int] = {}
+        nbytes: dict[int, int] = {}
+        for (stage_id, _), worker in sorted(self._workers.items()):
             report = worker.report
             if report is not None:
-                chunks[stage_id] = report.chunks_unacked + report.chunks_held
+                chunks[stage_id] = (
+                    chunks.get(stage_id, 0) + report.chunks_unacked + report.chunks_held
+                )
                 nbytes[stage_id] = (
-                    report.chunk_bytes_unacked + report.chunk_bytes_held + report.ring_bytes_in_use
+                    nbytes.get(stage_id, 0)
+                    + report.chunk_bytes_unacked
+                    + report.chunk_bytes_held
+                    + report.ring_bytes_in_use
                 )
         return ConnectorStatistics(
             workers_attached=len(self._workers),
@@ -173,15 +185,26 @@ class ShmConnector(metaclass=NoPublicConstructor):
         """Whether stage ``stage_id`` reads chunks (its workers listen for them)."""
         return stage_id in self.sources
 
-    def add_stage(self, stage_id: int, label: str, startup_timeout: float) -> None:
-        """Stage ``stage_id`` is ``label`` (``stage 1 (talker)``), and a worker of it
-        may take ``startup_timeout`` seconds to start: how long the workers sending
-        to it wait for its next one while it restarts. A
+    def add_stage(
+        self, stage_id: int, label: str, startup_timeout: float, replicas: int = 1
+    ) -> None:
+        """Stage ``stage_id`` is ``label`` (``stage 1 (talker)``), runs ``replicas``
+        workers at a time, and a worker of it may take ``startup_timeout`` seconds
+        to start: how long the workers sending to it wait for its next one while it
+        restarts. A
         :class:`~omni_trio.process.ProcessStage` given this connector says so when it
         is made; :func:`open_process_pipeline` says it for every stage before it
         starts the first (a stage's first worker learns what it sends to when it
         starts)."""
         self._stages[stage_id] = (label, startup_timeout)
+        if replicas > 1:
+            self._replicas[stage_id] = replicas
+        else:
+            self._replicas.pop(stage_id, None)
+
+    def replicas(self, stage_id: int) -> int:
+        """How many replicas stage ``stage_id`` has (1 unless it said more)."""
+        return self._replicas.get(stage_id, 1)
 
     def _stage(self, stage_id: int) -> tuple[str, float]:
         known = self._stages.get(stage_id)
@@ -212,39 +235,44 @@ class ShmConnector(metaclass=NoPublicConstructor):
         if self._lives.get(request_id) == life:
             del self._lives[request_id]
 
-    def _route(self, sender: WorkerConnection, target: int) -> None:
+    def _route(self, sender: WorkerConnection, target: int, replica: int) -> None:
         self._routes_sent += 1
-        if target in self._gone:
-            sender.route(target, "", gone=True)
+        if (target, replica) in self._gone:
+            sender.route(target, "", gone=True, replica=replica)
         else:
-            reader = self._workers.get(target)
-            sender.route(target, "" if reader is None else reader.address)
+            reader = self._workers.get((target, replica))
+            sender.route(target, "" if reader is None else reader.address, replica=replica)
 
-    def _tell_sources(self, stage_id: int) -> None:
+    def _tell_sources(self, stage_id: int, replica: int) -> None:
         for source in self.sources.get(stage_id, ()):
-            sender = self._workers.get(source)
-            if sender is not None:
-                self._route(sender, stage_id)
+            for of in range(self.replicas(source)):
+                sender = self._workers.get((source, of))
+                if sender is not None:
+                    self._route(sender, stage_id, replica)
 
-    def attach(self, stage_id: int, worker: WorkerConnection) -> None:
-        """Stage ``stage_id`` has a new worker, ready: tell it where the stages it
-        feeds are, and the stages feeding it where it is."""
-        self._workers[stage_id] = worker
+    def attach(self, stage_id: int, worker: WorkerConnection, replica: int = 0) -> None:
+        """Stage ``stage_id`` has a new worker (of its replica ``replica``), ready: tell
+        it where the stages it feeds are, and the stages feeding it where it is."""
+        self._workers[stage_id, replica] = worker
         for target in self.targets(stage_id):
-            self._route(worker, target)
-        self._tell_sources(stage_id)
+            for of in range(self.replicas(target)):
+                self._route(worker, target, of)
+        self._tell_sources(stage_id, replica)
 
-    def detach(self, stage_id: int) -> None:
-        """Stage ``stage_id``'s worker is gone (it died, or is stopping): the stages
-        feeding it wait for its next one."""
-        if self._workers.pop(stage_id, None) is not None:
-            self._tell_sources(stage_id)
+    def detach(self, stage_id: int, replica: int = 0) -> None:
+        """Stage ``stage_id``'s worker (of replica ``replica``) is gone (it died, or is
+        stopping): the stages feeding it wait for its next one."""
+        if self._workers.pop((stage_id, replica), None) is not None:
+            self._tell_sources(stage_id, replica)
 
-    def close(self, stage_id: int) -> None:
-        """Stage ``stage_id`` will have no worker again: its chunks are dropped."""
-        self._gone.add(stage_id)
-        self._workers.pop(stage_id, None)
-        self._tell_sources(stage_id)
+    def close(self, stage_id: int, replica: int | None = None) -> None:
+        """Stage ``stage_id`` (its replica ``replica``; ``None``: every replica) will
+        have no worker again: its chunks are dropped."""
+        which = range(self.replicas(stage_id)) if replica is None else (replica,)
+        for one in which:
+            self._gone.add((stage_id, one))
+            self._workers.pop((stage_id, one), None)
+            self._tell_sources(stage_id, one)
 
 
 def _size(name: str) -> int:

@@ -114,10 +114,12 @@ class _Connection:
 
 
 class OutLink:
-    """A worker's chunks for one downstream stage, to that stage's current worker.
+    """A worker's chunks for one downstream stage (one replica of it), to that
+    replica's current worker.
 
     Attributes:
       target: The downstream stage.
+      replica: Its replica (0 for a stage of one worker).
       gone: That stage will have no worker again: its chunks are dropped.
       chunks, inline, bytes: Chunks sent (ends of stream not counted), those that
           travelled inline, and their bytes.
@@ -135,14 +137,18 @@ class OutLink:
         target: int,
         nursery: trio.Nursery,
         transport: Transport = _SOCKETS,
+        replica: int = 0,
     ) -> None:
         self.target = target
+        self.replica = replica
         self.gone = False
         self.chunks = self.inline = self.bytes = self.waits = 0
         self._init = init
         self._hello = wire.encode(wire.Hello(init.stage_id, init.generation))
         worker = worker_name(init.prefix, init.stage_id, init.generation)
-        self._ring_prefix = f"{worker}-ring{target}-"
+        self._ring_prefix = (
+            f"{worker}-ring{target}-" if not replica else f"{worker}-ring{target}r{replica}-"
+        )
         self._rings = 0
         self._nursery = nursery
         self._transport = transport
@@ -150,7 +156,8 @@ class OutLink:
         self._connection: _Connection | None = None
         self._connected = trio.Event()  # set while connected, and once gone
         self._down_since = trio.current_time()  # when it was last left without a worker
-        self._label = init.target_labels.get(target) or f"stage {target}"
+        label = init.target_labels.get(target) or f"stage {target}"
+        self._label = f"{label} replica {replica}" if replica else label
         self._startup_timeout = init.target_startup_timeouts.get(target, wire.STARTUP_TIMEOUT)
         #: Set when what holds a chunk back from the ring may have changed: slots
         #: freed, a request off the ring, the connection gone.
@@ -189,7 +196,12 @@ class OutLink:
             connection = _Connection(stream, shared_memory)
             connection.writer.send_nowait(self._hello)
             for request_id, life in sorted(self._written.items()):
-                why = f"stage {self.target}'s worker died with its chunks"
+                which = (
+                    f"stage {self.target} replica {self.replica}"
+                    if self.replica
+                    else f"stage {self.target}"
+                )
+                why = f"{which}'s worker died with its chunks"
                 connection.writer.send_nowait(wire.encode(wire.Lost(request_id, why, life)))
             self._connection = connection
             self._connected.set()

@@ -14,7 +14,7 @@ import trio
 from . import _wire as wire
 from ._engine import ChunkLostError
 from ._framing import FrameWriter
-from ._links import InLink
+from ._links import InLink, OutLink
 from ._ring import RingError
 
 if TYPE_CHECKING:
@@ -131,6 +131,7 @@ class WorkerRequest:
         "inbox_send",
         "inside",
         "life",
+        "links",
         "running",
         "scope",
         "sent",
@@ -152,6 +153,9 @@ class WorkerRequest:
         self.eof = False  # the engine has read to the end
         self.broken: str | None = None  # why chunks are missing, once they are
         self.credit: OutputCredit | None = None  # flow control of its outputs (None: off)
+        #: Where its chunks go: a link per downstream stage, to the replica that runs
+        #: it there (set at its Submit).
+        self.links: list[OutLink] = []
         # Before its Submit: the chunks taken into its inbox (copied out, acknowledged)
         # and their bytes (exact while it is not running: a drain recounts them), and
         # the link (and life) that last fed it.
@@ -215,12 +219,12 @@ class RequestIO:
         view = memoryview(chunk).cast("B")  # bytes, not items, for any buffer
         seq = request.sent
         request.sent += 1
-        for link in worker.outlinks:
+        for link in request.links:
             await link.send(self._request_id, seq, view, request.life)
         await self._checkpoint()
 
     async def end(self) -> None:
-        for link in self._worker.outlinks:
+        for link in self._request.links:
             await link.end(self._request_id, self._request.sent, self._request.life)
 
     def __aiter__(self) -> RequestIO:

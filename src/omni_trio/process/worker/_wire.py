@@ -97,6 +97,10 @@ class Init(_Message):
     (``stage 1 (talker)``) and say how long its sender waits for its next worker while
     it has none (its ``startup_timeout``; :data:`STARTUP_TIMEOUT` if absent) before
     the request sending fails.
+
+    ``replica`` is the worker's replica of its stage (0 for a stage of one worker);
+    ``generation`` counts the workers of all the stage's replicas together, so a
+    worker's name (``_shm.worker_name``) is its own whatever its replica.
     """
 
     stage_id: int
@@ -116,6 +120,7 @@ class Init(_Message):
     listen_host: str = ""
     target_labels: dict[int, str] = {}
     target_startup_timeouts: dict[int, float] = {}
+    replica: int = 0
 
 
 class Submit(_Message):
@@ -134,6 +139,9 @@ class Submit(_Message):
     """...and this many bytes of their data (``bytes`` and ``str`` count their length,
     anything else 0); an output bigger than what is left goes once at least half of
     this is."""
+    replicas: dict[int, int] = {}
+    """Which replica of each downstream stage reads this request's chunks (a stage
+    not named: replica 0)."""
 
 
 class Credit(_Message):
@@ -162,7 +170,8 @@ class Shutdown(_Message):
 
 
 class Route(_Message):
-    """Send your chunks for stage ``stage_id`` to the worker listening at ``address``
+    """Send your chunks for stage ``stage_id``'s replica ``replica`` to the worker
+    listening at ``address``
     (a new address: a new worker; a request whose chunks went to the previous one is
     lost there). An empty address: that stage has no worker right now, so senders
     wait; ``gone``: it will have none again, so its chunks are dropped."""
@@ -170,6 +179,8 @@ class Route(_Message):
     stage_id: int
     address: str
     gone: bool = False
+    replica: int = 0
+    """Which of that stage's replicas (0 for a stage of one worker)."""
 
 
 # -- worker -> orchestrator ---------------------------------------------------------------

@@ -67,8 +67,10 @@ class Worker:
         self.gate = Gate(control)
         #: How its chunk links are opened (connections to the stages downstream).
         self.transport = transport or SocketTransport(init.listen_host)
-        #: One per downstream stage (async_chunk mode), once serving.
-        self.outlinks: list[OutLink] = []
+        #: Per downstream stage and replica of it (async_chunk mode): replica 0's
+        #: from the start, another's once it is routed or a request needs it.
+        self.outlinks: dict[tuple[int, int], OutLink] = {}
+        self._nursery: trio.Nursery | None = None  # where links run, once serving
         self.requests: dict[str, WorkerRequest] = {}
         #: Recently released ids, oldest first, and the life they were in: chunks
         #: that trail their request's release are dropped instead of starting a
@@ -101,6 +103,11 @@ class Worker:
             request.running = True  # from now on its engine acknowledges its chunks
             if message.outputs:
                 request.credit = OutputCredit(message.outputs, message.nbytes)
+            if self.init.chunks:
+                replicas = message.replicas
+                request.links = [
+                    self.outlink(target, replicas.get(target, 0)) for target in self.init.targets
+                ]
             nursery.start_soon(self._run, message.request_id, message.inputs, request)
         elif kind is wire.Credit:
             credited = self.requests.get(message.request_id)
@@ -113,9 +120,8 @@ class Worker:
         elif kind is wire.Release:
             self.release(message.request_id)
         elif kind is wire.Route:
-            for link in self.outlinks:
-                if link.target == message.stage_id:
-                    link.route(message.address, message.gone)
+            if message.stage_id in self.init.targets:
+                self.outlink(message.stage_id, message.replica).route(message.address, message.gone)
         elif kind is wire.Ping:
             self.control.send_nowait(wire.encode(self.report(message.seq)))
         elif kind is wire.Shutdown:
@@ -123,6 +129,22 @@ class Worker:
         else:
             raise wire.ProtocolError(f"unexpected {kind.__name__} after Init")
         return True
+
+    def open_links(self, nursery: trio.Nursery) -> None:
+        """Serving starts: links run in ``nursery``, replica 0's of every stage
+        downstream at once."""
+        self._nursery = nursery
+        for target in self.init.targets:
+            self.outlink(target, 0)
+
+    def outlink(self, target: int, replica: int) -> OutLink:
+        """The link to stage ``target``'s replica ``replica``, made when first needed."""
+        link = self.outlinks.get((target, replica))
+        if link is None:
+            assert self._nursery is not None
+            link = OutLink(self.init, target, self._nursery, self.transport, replica)
+            self.outlinks[target, replica] = link
+        return link
 
     # -- chunks from upstream workers -----------------------------------------------------
 
@@ -273,7 +295,7 @@ class Worker:
         self.lost.pop(request_id, None)
         if len(self.released) > REMEMBER_RELEASED:
             del self.released[next(iter(self.released))]
-        for link in self.outlinks:
+        for link in self.outlinks.values():
             link.release(request_id)
         for inlink in self.inlinks:
             inlink.forget(request_id)
@@ -285,7 +307,7 @@ class Worker:
     def close(self) -> None:
         """The worker stops: every request is released, every link closed."""
         self.release_all()
-        for link in self.outlinks:
+        for link in self.outlinks.values():
             link.close()
         for inlink in list(self.inlinks):
             self.link_closed(inlink)
@@ -299,7 +321,7 @@ class Worker:
                 held += request.held
                 held_bytes += request.held_bytes
         unacked = unacked_bytes = written = ring_bytes = 0
-        for link in self.outlinks:
+        for link in self.outlinks.values():
             chunks, nbytes, requests, in_use = link.usage()
             unacked += chunks
             unacked_bytes += nbytes
@@ -422,9 +444,7 @@ async def serve(
             name = worker_name(init.prefix, init.stage_id, init.generation)
             listener, address = await worker.transport.listen(name)
             nursery.start_soon(_accept_links, listener, worker)
-        worker.outlinks = [
-            OutLink(init, target, nursery, worker.transport) for target in init.targets
-        ]
+        worker.open_links(nursery)
         writer.send_nowait(wire.encode(wire.Ready(os.getpid(), address)))
         try:
             messages = early  # whatever came in the same read as Init
