@@ -303,3 +303,64 @@ def counts(size: int = 10, delay: float = 0.0):
                 await trio.sleep(delay)
 
     return engine
+
+
+def whoami(delay: float = 0.0):
+    """Yields, after ``delay`` seconds (or as long as the request's inputs say, when
+    they are a number), which worker ran it: its pid and its ``CUDA_VISIBLE_DEVICES``;
+    relays its upstream chunks, when connected, as ``"<pid>:<chunk>"``."""
+
+    async def engine(request, io):
+        me = f"{os.getpid()}"
+        if io.connected and request.stage_id:
+            async for chunk in io:
+                await io.send(chunk)
+                yield f"{me}:{chunk.decode()}"
+            return
+        seconds = request.inputs if isinstance(request.inputs, (int, float)) else delay
+        await trio.sleep(seconds)
+        if io.connected:
+            await io.send(me.encode())
+        yield {"pid": os.getpid(), "devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+    return engine
+
+
+def sends_its_inputs():
+    """Stage 0 of the replica tests: streams one :func:`sized_chunk` per size in its
+    inputs, and yields ``[pid, seq]`` for each."""
+
+    async def engine(request, io):
+        for seq, size in enumerate(request.inputs):
+            await io.send(sized_chunk(request.request_id, seq, size))
+            yield [os.getpid(), seq]
+
+    return engine
+
+
+def passes_on():
+    """Passes each upstream chunk on as it is, and yields ``[pid, its size]``."""
+
+    async def engine(request, io):
+        async for chunk in io:
+            await io.send(chunk)
+            yield [os.getpid(), len(chunk)]
+
+    return engine
+
+
+def checks():
+    """Reads its upstream chunks; yields ``[pid, size]`` for each that is the one
+    :func:`sends_its_inputs` sent in its place, whole, else ``[pid, what is
+    wrong]``."""
+
+    async def engine(request, io):
+        seq = 0
+        async for chunk in io:
+            if chunk == sized_chunk(request.request_id, seq, len(chunk)):
+                yield [os.getpid(), len(chunk)]
+            else:
+                yield [os.getpid(), f"chunk {seq} is not the one sent ({len(chunk)} bytes)"]
+            seq += 1
+
+    return engine

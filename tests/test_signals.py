@@ -336,9 +336,8 @@ def _ignored_signals(pid: int) -> set[int]:
 
 async def test_a_stage_worker_ignores_the_stop_signals():
     async with open_process_stage("process_engines:stream") as stage:
-        worker = stage._worker
-        assert worker is not None
-        assert {signal.SIGINT, signal.SIGTERM} <= _ignored_signals(worker.pid)
+        assert stage.pid is not None
+        assert {signal.SIGINT, signal.SIGTERM} <= _ignored_signals(stage.pid)
 
 
 def _start_worker(control: socket.socket) -> subprocess.Popen[bytes]:

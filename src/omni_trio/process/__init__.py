@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from ._ray_session import open_ray_session as open_ray_session
     from ._stage import ProcessStage as ProcessStage
     from ._stage import ProcessStageStatistics as ProcessStageStatistics
+    from ._stage import ReplicaStatistics as ReplicaStatistics
     from ._stage import WorkerUnavailableError as WorkerUnavailableError
     from .testing import LocalRayCluster as LocalRayCluster
     from .testing import local_ray_cluster as local_ray_cluster
@@ -55,7 +56,12 @@ _EXPORTS = {
     "._ray_launcher": ["open_ray_stage"],
     "._ray_session": ["RaySession", "open_ray_session"],
     "._open": ["open_inprocess_stage", "open_process_stage"],
-    "._stage": ["ProcessStage", "ProcessStageStatistics", "WorkerUnavailableError"],
+    "._stage": [
+        "ProcessStage",
+        "ProcessStageStatistics",
+        "ReplicaStatistics",
+        "WorkerUnavailableError",
+    ],
     # where they lived first: omni_trio.process.testing is their home now
     ".testing": ["LocalRayCluster", "local_ray_cluster"],
     ".worker._engine": [

@@ -194,6 +194,11 @@ async def open_stage(
     options: WorkerOptions | None,
 ) -> AsyncIterator[ProcessStage]:
     options = stage_options(options, launcher.backend)
+    launchers: list[WorkerLauncher] = [launcher] * options.replicas
+    if options.devices:  # only a process's (see WorkerOptions): one per replica
+        launchers = [
+            ProcessLauncher({"CUDA_VISIBLE_DEVICES": device}) for device in options.devices
+        ]
     if prefix is None:
         prefix = connector.prefix if connector is not None else _shm.new_prefix()
     stage = ProcessStage._create(  # noqa: SLF001 - the module's own factory
@@ -204,7 +209,7 @@ async def open_stage(
         prefix=prefix,
         connector=connector,
         options=options,
-        launcher=launcher,
+        launchers=launchers,
     )
     async with stage._running():  # noqa: SLF001 - the module's own factory
         yield stage

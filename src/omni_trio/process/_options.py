@@ -12,6 +12,7 @@ from .._util import final
 
 __all__ = [
     "BACKENDS",
+    "BALANCES",
     "INLINE_CHUNK_BYTES",
     "MAX_WINDOW",
     "MIN_RING_BYTES",
@@ -26,6 +27,8 @@ __all__ = [
 RAY_PLACEMENT = ("num_cpus", "num_gpus", "resources")
 #: Where a stage's worker can run (``WorkerOptions.backend``).
 BACKENDS = ("process", "inprocess", "ray")
+#: How a stage's replicas share its requests (``WorkerOptions.balance``).
+BALANCES = ("least_loaded", "round_robin")
 #: Chunks of at most this many bytes travel inside their frame by default (64 KiB):
 #: the connector's and the config's default.
 INLINE_CHUNK_BYTES = 64 * 1024
@@ -68,10 +71,30 @@ def _max_restarts(instance: object, attribute: attrs.Attribute[Any], value: Any)
         raise ValueError(f"max_restarts must be an integer >= 0, got {value!r}")
 
 
-def _backend(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
-    if value not in BACKENDS:
-        choices = " or ".join(repr(b) for b in BACKENDS)
-        raise ValueError(f"{attribute.name} must be {choices}, got {value!r}")
+def _one_of(choices: tuple[str, ...]) -> Any:
+    def check(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
+        if value not in choices:
+            said = " or ".join(repr(choice) for choice in choices)
+            raise ValueError(f"{attribute.name} must be {said}, got {value!r}")
+
+    return check
+
+
+def _replicas(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"replicas must be an integer >= 1, got {value!r}")
+
+
+def _devices(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    for device in value:
+        if not isinstance(device, str) or not device:
+            raise ValueError(f"devices: each must be a non-empty string, got {device!r}")
+
+
+def _as_devices(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):  # a string is not a list of devices, though it iterates
+        raise ValueError(f"devices must be a list of strings, got {value!r}")  # noqa: TRY004 - as every field's bad value
+    return tuple(value)
 
 
 @final
@@ -113,11 +136,26 @@ class WorkerOptions:
           it is killed.
       completion_delay: Delay every completion report by this many seconds (a slow
           control path, for tests and demonstrations).
+      replicas: How many workers run the stage, each a replica of its engine (a
+          process, a task or a Ray actor, as ``backend`` says). To the orchestrator
+          they are one stage: each request runs on one replica per stage, chosen
+          when it is admitted, for its whole life. Each replica is supervised on its
+          own (``restart`` and ``max_restarts`` count per replica, and its death
+          fails only its requests); the stage dies when no replica is alive and
+          none will restart.
+      balance: How a request's replica is chosen: ``"least_loaded"`` (the live
+          replica with the fewest requests, the first of them on a tie) or
+          ``"round_robin"`` (the live replicas in turn). A replica without a worker
+          (restarting) is chosen only when no replica has one.
+      devices: One device per replica, for ``backend = "process"``: replica ``i``
+          runs with ``CUDA_VISIBLE_DEVICES`` set to ``devices[i]``. Empty (the
+          default): the environment is the orchestrator's. Its length must be
+          ``replicas``.
     """
 
     # A str, not a Literal: msgspec resolves these annotations in the public
     # namespace (omni_trio.process), where no typing names are.
-    backend: str = attrs.field(default="process", validator=_backend)
+    backend: str = attrs.field(default="process", validator=_one_of(BACKENDS))
     restart: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     heartbeat_interval: float = attrs.field(default=1.0, validator=seconds(positive=True))
     heartbeat_timeout: float = attrs.field(default=10.0, validator=seconds(positive=True))
@@ -130,8 +168,23 @@ class WorkerOptions:
     resources: dict[str, float] = attrs.field(
         factory=dict, converter=_as_resources, validator=_resources
     )
+    replicas: int = attrs.field(default=1, validator=_replicas)
+    balance: str = attrs.field(default="least_loaded", validator=_one_of(BALANCES))
+    devices: tuple[str, ...] = attrs.field(default=(), converter=_as_devices, validator=_devices)
 
     def __attrs_post_init__(self) -> None:
+        if self.devices:
+            if self.backend != "process":
+                raise ValueError(
+                    "devices sets each worker process's CUDA_VISIBLE_DEVICES: it needs "
+                    f"backend = 'process', not {self.backend!r}"
+                    + (" (a Ray actor's GPUs come from num_gpus)" if self.backend == "ray" else "")
+                )
+            if len(self.devices) != self.replicas:
+                raise ValueError(
+                    f"devices names {len(self.devices)} device(s) for {self.replicas} "
+                    "replica(s): it needs one per replica"
+                )
         if self.backend != "ray":
             for name in RAY_PLACEMENT:
                 if getattr(self, name):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections.abc import Mapping
 
 import trio
 
@@ -50,16 +51,22 @@ WORKER_MAIN = (
 @final
 class ProcessLauncher:
     """Each worker is :func:`omni_trio.process.worker.main` in a new Python process (with
-    the import path of this process, so it imports what we can, and SIGINT and SIGTERM
-    ignored from its first line), its control connection an inherited socket pair."""
+    the import path of this process, so it imports what we can, ``environment`` added
+    to this process's environment, and SIGINT and SIGTERM ignored from its first
+    line), its control connection an inherited socket pair."""
 
     backend = "process"
+
+    def __init__(self, environment: Mapping[str, str] | None = None) -> None:
+        #: Set in each worker's environment (a replica's ``CUDA_VISIBLE_DEVICES``).
+        self.environment = dict(environment or {})
 
     async def launch(self, nursery: trio.Nursery) -> LaunchedWorker:
         ours, child = socket.socketpair()
         command = [sys.executable, "-c", WORKER_MAIN, "--control-fd", str(child.fileno())]
         env = dict(os.environ)  # the worker imports what this process can
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        env.update(self.environment)
         try:
             process = await trio.lowlevel.open_process(command, pass_fds=[child.fileno()], env=env)
         except BaseException:

@@ -1,18 +1,20 @@
-"""A Stage whose engine runs in a worker process: the supervisor of its workers.
+"""A Stage whose engine runs in workers: :class:`ProcessStage`, a pool of one or
+more replicas.
 
-:class:`ProcessStage` is what the orchestrator talks to. It keeps one worker at a time
-(a :class:`~omni_trio.process._connection.WorkerConnection`), and owns what outlives a
-worker: the outputs channel, the restart policy, the counts. It is closed by
-cancelling its supervisor task: whatever that task is doing -- waiting for a worker
-to get ready, serving one, waiting to restart one -- stops there, and the worker it
-has, if any, is stopped in a shielded, bounded cleanup. A close cannot be lost.
+To the orchestrator a stage is one :class:`~omni_trio.Stage`, however many workers
+run it. Each replica (:class:`~omni_trio.process._replica.Replica`) supervises its
+own workers, one at a time -- its own restarts, heartbeats and deaths -- and they all
+report on the stage's one :attr:`~ProcessStage.outputs` channel. Each request runs
+on one replica per stage, chosen when it is first placed (its
+:class:`~omni_trio.process._placement.Placement`) and kept for its life: its submit,
+credit, abort and release go to that replica, and its outputs come from it. A stage
+of one replica is exactly the stage it always was: its calls go straight through.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-from collections.abc import AsyncIterator, Mapping
+import itertools
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -20,39 +22,67 @@ import attrs
 import trio
 
 from .._errors import unwrap_single_exception
-from .._messages import StageItem, StageOutput
-from .._util import NoPublicConstructor, describe, final, stage_label
-from ._connection import WorkerConnection, WorkerStartError
+from .._messages import StageItem
+from .._util import NoPublicConstructor, final, stage_label
+from ._connection import WorkerStartError
 from ._connector import ShmConnector
 from ._launcher import WorkerLauncher
 from ._options import WorkerOptions
-from .worker import _shm
-from .worker import _wire as wire
+from ._placement import Placement, choose_least_loaded, choose_round_robin
+from ._replica import WORKER_TABLES, Replica, WorkerUnavailableError
 
 __all__ = [
     "STAGE_TABLES",
     "WORKER_TABLES",
     "ProcessStage",
     "ProcessStageStatistics",
+    "ReplicaStatistics",
     "WorkerUnavailableError",
 ]
 
-logger = logging.getLogger("omni_trio.process")
 
-#: A worker that cannot be started this many times in a row is not restarted again.
-MAX_FAILED_STARTS = 3
+@attrs.frozen
+class ReplicaStatistics:
+    """One replica of a :class:`ProcessStage`, in its
+    :attr:`ProcessStageStatistics.replicas`.
 
+    Attributes:
+      replica: Which replica (0, 1, ...).
+      alive: Whether it has a worker right now (``False`` while it restarts, and
+          once it is dead for good).
+      pid, node_id, actor_id: Its current worker's (as the stage's are).
+      in_flight: Requests its current worker holds and has not finished.
+      placed: Requests placed on it and not released yet: what
+          ``balance = "least_loaded"`` compares.
+      workers_started, restarts, deaths: Its own counts.
+      seconds_since_heard: Since its current worker last sent anything; ``None``
+          while it has none.
+      death_cause: ``None`` while it has, or will have, a worker; else why not.
+    """
 
-class WorkerUnavailableError(trio.BrokenResourceError):
-    """A stage has no worker to take a request: its worker died for good, or the
-    stage is closed (raised by ``submit``); or it did not come back from a restart
-    within ``startup_timeout`` (said in the request's error output, ``"WorkerUnavailableError:
-    ..."``, as is a death for good while a submit waited)."""
+    replica: int
+    alive: bool
+    pid: int | None
+    in_flight: int
+    placed: int
+    workers_started: int
+    restarts: int
+    deaths: int
+    seconds_since_heard: float | None
+    node_id: str | None = None
+    actor_id: str | None = None
+    death_cause: str | None = None
 
 
 @attrs.frozen
 class ProcessStageStatistics:
     """A snapshot of a :class:`ProcessStage`, from :meth:`ProcessStage.statistics`.
+
+    A stage of several replicas (``replicas``) reports each in :attr:`replicas`;
+    its own ``pid``, ``node_id``, ``actor_id`` and ``seconds_since_heard`` are replica
+    0's, and every count (``workers_started``, ``restarts``, ``deaths``,
+    ``in_flight``, ``submits_waiting`` and the worker's tables) is the sum over its
+    replicas.
 
     Attributes:
       pid: The current worker's process id; ``None`` while there is none, and
@@ -92,6 +122,8 @@ class ProcessStageStatistics:
       outputs_queued: Batches of the worker's outputs read from it and not yet
           taken by the orchestrator (its :attr:`~ProcessStage.outputs` channel holds
           64 at most; then the worker's control connection, then its engines, wait).
+      replicas: Each replica's own figures, in replica order (one for a stage of
+          one worker).
     """
 
     pid: int | None
@@ -114,46 +146,29 @@ class ProcessStageStatistics:
     acks_owed: int = 0
     ring_bytes_in_use: int = 0
     outputs_queued: int = 0
+    replicas: tuple[ReplicaStatistics, ...] = ()
 
 
-#: The statistics a worker reports (``wire.Pong``'s fields, under the same names;
-#: ``requests`` becomes ``worker_requests``).
-WORKER_TABLES = tuple(
-    name for name in wire.Pong.__struct_fields__ if name not in ("seq", "requests")
-)
-#: The statistics that count what a stage and its worker hold per request: each is
+#: The statistics that count what a stage and its workers hold per request: each is
 #: 0 once no request is in flight there (``docs/lifecycle.md`` lists their bounds).
 STAGE_TABLES = ("in_flight", "submits_waiting", "worker_requests", *WORKER_TABLES)
 
 
 @final
-class _PendingSubmit:
-    """A submit waiting for the stage's next worker: its frame, until when it may
-    wait, and the credit given to its request meanwhile (sent after it)."""
-
-    __slots__ = ("deadline", "frame", "nbytes", "outputs")
-
-    def __init__(self, frame: bytes | bytearray, deadline: float) -> None:
-        self.frame = frame
-        self.deadline = deadline
-        self.outputs = self.nbytes = 0
-
-
-@final
 class ProcessStage(metaclass=NoPublicConstructor):
-    """A :class:`~omni_trio.Stage` backed by a worker -- a process of its own, or a
-    task of this Trio run --; get one from :func:`open_process_stage`,
-    :func:`open_inprocess_stage` (or :func:`open_process_pipeline`).
+    """A :class:`~omni_trio.Stage` backed by workers -- processes of their own, tasks
+    of this Trio run, or Ray actors --; get one from :func:`open_process_stage`,
+    :func:`open_inprocess_stage`, :func:`open_ray_stage` (or
+    :func:`open_process_pipeline`).
+
+    It runs ``options.replicas`` workers at a time, one per replica, and sends each
+    request to one of them (``options.balance``; see the module's docstring).
 
     Attributes:
       stage_id: The stage's index in its pipeline.
       name: For messages.
       options: How its workers are run (``options.backend`` says where).
-      outputs: The stage's outputs, for the orchestrator.
-      death_cause: ``None`` while the stage has, or will have, a worker; once its
-          outputs end, why (:class:`~omni_trio.Stage`'s optional attribute): its
-          worker's end (``exited with status 3``, ``killed by SIGKILL``, ``no
-          heartbeat for 10.0 s, killed``) or ``the stage is closed``.
+      outputs: The stage's outputs, for the orchestrator: every replica's.
     """
 
     def __init__(
@@ -166,41 +181,52 @@ class ProcessStage(metaclass=NoPublicConstructor):
         prefix: str,
         connector: ShmConnector | None,
         options: WorkerOptions,
-        launcher: WorkerLauncher,
+        launchers: Sequence[WorkerLauncher],
     ) -> None:
         self.stage_id = stage_id
         self.name = name
         self.options = options
-        self._engine = engine
-        self._engine_args = dict(engine_args)
         self._prefix = prefix
         self._connector = connector
+        count = options.replicas
+        label = self.label
         if connector is not None:  # its senders wait for its workers that long at most
-            connector.add_stage(stage_id, self.label, options.startup_timeout)
-        self._launcher = launcher
-        self._nursery: trio.Nursery | None = None  # where its workers' tasks run
-        self._outputs_send, self.outputs = trio.open_memory_channel[StageItem](64)
-        self._scope = trio.CancelScope()  # the supervisor's: cancelled to close the stage
-        self._worker: WorkerConnection | None = None
-        self._next_worker = trio.Event()  # set when a period without a worker ends
-        self.death_cause: str | None = None
-        self._releases_for_next: list[str] = []  # released while there was no worker
-        self._lives: dict[str, int] = {}  # submitted, not released: the life it was in
-        #: Submitted while there was no worker, in submit order: sent to the next one.
-        self._pending: dict[str, _PendingSubmit] = {}
-        self._pending_added = trio.Event()  # wakes _expire_submits
-        self._expiry = trio.CancelScope()  # _expire_submits's: cancelled with the supervisor
-        #: Flow control: first credits, until their request's submit takes them, and
-        #: the requests submitted with one (until their release).
-        self._windows: dict[str, tuple[int, int]] = {}
-        self._flow_controlled: set[str] = set()
-        self._started = 0
-        self._restarts = 0
-        self._deaths = 0
+            connector.add_stage(stage_id, label, options.startup_timeout, count)
+        send, self.outputs = trio.open_memory_channel[StageItem](64)
+        pooled = count > 1
+        generations = itertools.count(1)  # a worker's name is its own, whatever its replica
+        self._replicas = [
+            Replica(
+                engine,
+                stage_id=stage_id,
+                name=name,
+                index=index,
+                label=f"{label} replica {index}" if pooled else label,
+                pooled=pooled,
+                engine_args=engine_args,
+                prefix=prefix,
+                connector=connector,
+                options=options,
+                launcher=launchers[index],
+                outputs=send.clone() if pooled else send,
+                generations=generations,
+            )
+            for index in range(count)
+        ]
+        if pooled:
+            send.close()  # the outputs end when every replica's have
+        #: Where its requests run: shared with the stages it streams with.
+        self._placement = Placement() if connector is None else connector.placement
+        if pooled:
+            self._placement.add_pool(stage_id, self)
+        self._targets = () if connector is None else connector.targets(stage_id)
+        self._runs: dict[str, Replica] = {}  # placed here, not released: its replica
+        self._turn = -1  # round_robin's last choice
 
     def __repr__(self) -> str:
         where = f"pid={self.pid}" if self.options.backend == "process" else self.options.backend
-        return f"<ProcessStage {self.stage_id} {self.name!r} {where}>"
+        replicas = f" replicas={len(self._replicas)}" if len(self._replicas) > 1 else ""
+        return f"<ProcessStage {self.stage_id} {self.name!r} {where}{replicas}>"
 
     @property
     def label(self) -> str:
@@ -210,9 +236,26 @@ class ProcessStage(metaclass=NoPublicConstructor):
 
     @property
     def pid(self) -> int | None:
-        """The current worker's process id (``None`` while there is none, and always
-        for an in-process stage)."""
-        return None if self._worker is None else self._worker.pid
+        """Replica 0's current worker's process id (``None`` while there is none, and
+        always for an in-process stage)."""
+        worker = self._replicas[0].worker
+        return None if worker is None else worker.pid
+
+    @property
+    def death_cause(self) -> str | None:
+        """``None`` while the stage has, or will have, a worker (a replica of it); once
+        its outputs end, why (:class:`~omni_trio.Stage`'s optional attribute): its
+        worker's end (``exited with status 3``, ``killed by SIGKILL``, ``no
+        heartbeat for 10.0 s, killed``) -- each replica's, for several -- or ``the
+        stage is closed``."""
+        causes = [replica.death_cause for replica in self._replicas]
+        if None in causes:
+            return None
+        if len(set(causes)) == 1:
+            return causes[0]
+        return "every replica died: " + "; ".join(
+            f"replica {index}: {cause}" for index, cause in enumerate(causes)
+        )
 
     @property
     def segment_prefix(self) -> str:
@@ -220,299 +263,207 @@ class ProcessStage(metaclass=NoPublicConstructor):
         return f"{self._prefix}-{self.stage_id}-"
 
     def statistics(self) -> ProcessStageStatistics:
-        """Return a snapshot of the stage's worker and counts; the worker's tables as
-        of its last report (see :meth:`refresh_statistics`)."""
-        worker = self._worker
-        place = None if worker is None else worker.handle.place
-        report = None if worker is None else worker.report
-        tables: dict[str, Any] = {}
-        if report is not None:
-            assert worker is not None
-            tables = {name: getattr(report, name) for name in WORKER_TABLES}
-            tables["worker_requests"] = report.requests
-            tables["seconds_since_report"] = trio.current_time() - worker.reported_at
+        """Return a snapshot of the stage's workers and counts; the workers' tables as
+        of their last reports (see :meth:`refresh_statistics`)."""
+        now = trio.current_time()
+        tables = dict.fromkeys(("worker_requests", *WORKER_TABLES), 0)
+        reported: list[float] = []
+        replicas = []
+        for replica in self._replicas:
+            worker = replica.worker
+            place = None if worker is None else worker.handle.place
+            report = None if worker is None else worker.report
+            if report is not None:
+                assert worker is not None
+                for name in WORKER_TABLES:
+                    tables[name] += getattr(report, name)
+                tables["worker_requests"] += report.requests
+                reported.append(now - worker.reported_at)
+            replicas.append(
+                ReplicaStatistics(
+                    replica=replica.index,
+                    alive=worker is not None,
+                    pid=None if worker is None else worker.pid,
+                    in_flight=0 if worker is None else len(worker.in_flight),
+                    placed=replica.placed,
+                    workers_started=replica.started,
+                    restarts=replica.restarts,
+                    deaths=replica.deaths,
+                    seconds_since_heard=None if worker is None else now - worker.last_heard,
+                    node_id=None if place is None else place.node_id,
+                    actor_id=None if place is None else place.actor_id,
+                    death_cause=replica.death_cause,
+                )
+            )
+        first = replicas[0]
         return ProcessStageStatistics(
-            pid=None if worker is None else worker.pid,
-            workers_started=self._started,
-            restarts=self._restarts,
-            deaths=self._deaths,
-            seconds_since_heard=None if worker is None else trio.current_time() - worker.last_heard,
-            in_flight=0 if worker is None else len(worker.in_flight),
-            node_id=None if place is None else place.node_id,
-            actor_id=None if place is None else place.actor_id,
-            submits_waiting=len(self._pending),
+            pid=first.pid,
+            workers_started=sum(r.workers_started for r in replicas),
+            restarts=sum(r.restarts for r in replicas),
+            deaths=sum(r.deaths for r in replicas),
+            seconds_since_heard=first.seconds_since_heard,
+            in_flight=sum(r.in_flight for r in replicas),
+            node_id=first.node_id,
+            actor_id=first.actor_id,
+            submits_waiting=sum(replica.submits_waiting for replica in self._replicas),
+            seconds_since_report=max(reported) if reported else None,
             outputs_queued=self.outputs.statistics().current_buffer_used,
+            replicas=tuple(replicas),
             **tables,
         )
 
     async def refresh_statistics(self) -> ProcessStageStatistics:
-        """Ask the worker for its tables now (a ``Ping``), and return
-        :meth:`statistics` once it has answered (at once while there is no worker).
-        Its answer comes after every command sent to it before: what a ``release``
-        freed shows; what other workers' frames free may take longer."""
-        worker = self._worker
-        if worker is None:
-            await trio.lowlevel.checkpoint()
-        else:
-            await worker.refresh()
+        """Ask the workers for their tables now (a ``Ping`` each), and return
+        :meth:`statistics` once they have answered (at once while there is none).
+        An answer comes after every command sent to that worker before: what a
+        ``release`` freed shows; what other workers' frames free may take longer."""
+        await trio.lowlevel.checkpoint()
+        for replica in self._replicas:
+            worker = replica.worker
+            if worker is not None:
+                await worker.refresh()
         return self.statistics()
+
+    # -- choosing a replica (the placement's Balancer) --------------------------------
+
+    def choose(self) -> int:
+        """A replica for a new request, as ``options.balance`` says: among those with
+        a worker; while none has one, among those that will (restarting)."""
+        replicas = self._replicas
+        live = [replica.worker is not None for replica in replicas]
+        if not any(live):
+            live = [replica.death_cause is None for replica in replicas]
+        if self.options.balance == "round_robin":
+            index = self._turn = choose_round_robin(live, self._turn)
+        else:
+            index = choose_least_loaded(live, [replica.placed for replica in replicas])
+        replicas[index].placed += 1
+        return index
+
+    def unchoose(self, replica: int) -> None:
+        self._replicas[replica].placed -= 1
+
+    def _replica_of(self, request_id: str, placed: dict[int, int]) -> Replica:
+        """The request's replica here, from its placement; a request not yet
+        submitted here whose replica has no worker (dead, or restarting) while
+        another has one moves, if nothing streams to it."""
+        replica = self._runs.get(request_id)
+        if replica is None:
+            replica = self._replicas[placed.get(self.stage_id, 0)]
+            if (
+                replica.worker is None
+                and self._connector is None
+                and any(other.worker is not None for other in self._replicas)
+            ):
+                replica = self._replicas[self._placement.move(request_id, self.stage_id)]
+            self._runs[request_id] = replica
+        return replica
 
     # -- the Stage protocol -----------------------------------------------------------
 
     async def submit(self, request_id: str, inputs: Any) -> None:
-        """Send the request to the worker. While a restart is under way it returns
-        at once, and the request goes to the next worker when it is ready, after
-        those submitted before it; if none is ready within ``options.startup_timeout``
-        (or the stage dies for good meanwhile), that request alone fails: an error
-        output for it (``WorkerUnavailableError: ...``) comes on :attr:`outputs`. An
-        ``abort`` or ``release`` of it meanwhile cancels it: nothing reaches a worker.
+        """Send the request to its replica's worker. While a restart of that replica
+        is under way it returns at once, and the request goes to its next worker when
+        it is ready, after those submitted before it; if none is ready within
+        ``options.startup_timeout`` (or the replica dies for good meanwhile), that
+        request alone fails: an error output for it (``WorkerUnavailableError:
+        ...``) comes on :attr:`outputs`. An ``abort`` or ``release`` of it meanwhile
+        cancels it: nothing reaches a worker. A new request goes to a replica that
+        has a worker whenever one has.
 
         Raises:
           TypeError: ``inputs`` cannot travel as msgpack.
-          WorkerUnavailableError: the stage has no worker any more (it died for good,
-              or is closed).
+          WorkerUnavailableError: the stage has no worker any more (its replicas died
+              for good, or it is closed).
         """
-        if self._worker is None and self.death_cause is not None:
-            raise WorkerUnavailableError(f"{self.label} has no worker any more: {self.death_cause}")
-        connector = self._connector
-        life = 0 if connector is None else connector.life(request_id)
-        if connector is not None:
-            self._lives[request_id] = life  # ended at its release (even if encoding fails)
-        outputs, nbytes = self._windows.pop(request_id, (0, 0))
-        frame = wire.encode(wire.Submit(request_id, inputs, life, outputs, nbytes))
-        if outputs:
-            self._flow_controlled.add(request_id)  # until its release
-        worker = self._worker
-        if worker is not None:
-            worker.submit(request_id, frame)
-        else:
-            deadline = trio.current_time() + self.options.startup_timeout
-            self._pending[request_id] = _PendingSubmit(frame, deadline)
-            self._pending_added.set()
-        await trio.lowlevel.checkpoint()
+        placement = self._placement
+        if not placement.pooled:  # no replicas here or downstream: straight through
+            await self._replicas[0].submit(request_id, inputs)
+            return
+        placed = placement.place(request_id)
+        replica = self._replica_of(request_id, placed)
+        placement.submitted(request_id, self.stage_id)  # released even if it fails
+        routes = {target: placed[target] for target in self._targets if target in placed}
+        await replica.submit(request_id, inputs, routes)
 
     async def credit(self, request_id: str, outputs: int, nbytes: int) -> None:
         """Flow control (see :class:`~omni_trio.Stage`): the first credit of a request
         travels with its ``Submit``; later ones as ``Credit`` frames, to the worker
         that runs it (a worker that died took the request with it)."""
-        if request_id in self._flow_controlled:
-            pending = self._pending.get(request_id)
-            if pending is not None:  # it goes after its submit
-                pending.outputs += outputs
-                pending.nbytes += nbytes
-            elif self._worker is not None:
-                self._worker.credit(request_id, outputs, nbytes)
-        else:
-            self._windows[request_id] = (outputs, nbytes)
-        await trio.lowlevel.checkpoint()
+        placement = self._placement
+        if not placement.pooled:
+            await self._replicas[0].credit(request_id, outputs, nbytes)
+            return
+        replica = self._replica_of(request_id, placement.place(request_id))
+        await replica.credit(request_id, outputs, nbytes)
 
     async def abort(self, request_id: str) -> None:
-        """Cancel the request's engine, if the worker runs it, or its submit, if it
-        waits for the next worker (a no-op otherwise)."""
-        if self._pending.pop(request_id, None) is None and self._worker is not None:
-            self._worker.abort(request_id)
-        await trio.lowlevel.checkpoint()
+        """Cancel the request's engine, if its worker runs it, or its submit, if it
+        waits for its replica's next worker (a no-op otherwise)."""
+        if not self._placement.pooled:
+            await self._replicas[0].abort(request_id)
+            return
+        replica = self._runs.get(request_id)
+        if replica is None:
+            await trio.lowlevel.checkpoint()
+        else:
+            await replica.abort(request_id)
 
     async def release(self, request_id: str) -> None:
-        """The request has its terminal: the worker forgets it, frees its ring space,
-        and drops chunks that still arrive for it. A submit of it that waits for the
+        """The request has its terminal: its worker forgets it, frees its ring space,
+        and drops chunks that still arrive for it. A submit of it that waits for a
         next worker is cancelled."""
-        self._pending.pop(request_id, None)
-        if self._worker is not None:
-            self._worker.release(request_id)
-        elif self.death_cause is None:  # restarting: the next worker must drop its chunks too
-            self._releases_for_next.append(request_id)
-        self._flow_controlled.discard(request_id)
-        self._windows.pop(request_id, None)
-        life = self._lives.pop(request_id, None)
-        if life is not None and self._connector is not None:
-            self._connector.end(request_id, life)
-        await trio.lowlevel.checkpoint()
+        placement = self._placement
+        if not placement.pooled:
+            await self._replicas[0].release(request_id)
+            return
+        replica = self._runs.pop(request_id, None)
+        placement.release(request_id, self.stage_id)
+        if replica is None:
+            await trio.lowlevel.checkpoint()
+        else:
+            await replica.release(request_id)
 
-    def kill(self) -> None:
-        """Kill the worker (SIGKILL; in-process, cancel its task), as a crash would;
-        for tests and operators."""
-        if self._worker is not None:
-            self._worker.kill()
+    def kill(self, replica: int = 0) -> None:
+        """Kill the worker of replica ``replica`` (SIGKILL; in-process, cancel its
+        task), as a crash would; for tests and operators."""
+        self._replicas[replica].kill()
 
-    def _send_pending(self, worker: WorkerConnection) -> None:
-        """The next worker is ready: the submits that waited for it go, in order."""
-        pending, self._pending = self._pending, {}
-        for request_id, submit in pending.items():
-            worker.submit(request_id, submit.frame)
-            if submit.outputs or submit.nbytes:
-                worker.credit(request_id, submit.outputs, submit.nbytes)
-
-    async def _fail_pending(self, request_ids: list[str], error: str) -> None:
-        """Fail requests whose submits waited for a worker in vain (error outputs)."""
-        message = describe(WorkerUnavailableError(error))
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            await self._outputs_send.send(
-                [StageOutput(request_id, error=message) for request_id in request_ids]
-            )
-
-    async def _expire_submits(self) -> None:
-        """Fail each submit that waited ``startup_timeout`` for a worker: only its
-        request, and no other submit, abort or release waits for it."""
-        timeout = self.options.startup_timeout
-        error = (
-            f"{self.label} has no worker: it is restarting, and no new worker "
-            f"was ready within {timeout:g} s (startup_timeout)"
-        )
-        with self._expiry:
-            await self._expire_each(error)
-
-    async def _expire_each(self, error: str) -> None:
-        while True:
-            if not self._pending:
-                self._pending_added = trio.Event()
-                await self._pending_added.wait()
-                continue
-            # The oldest waits longest: deadlines are in submit order.
-            await trio.sleep_until(next(iter(self._pending.values())).deadline)
-            now = trio.current_time()
-            expired = []
-            for request_id, submit in self._pending.items():
-                if submit.deadline > now:
-                    break
-                expired.append(request_id)
-            for request_id in expired:
-                del self._pending[request_id]
-            if expired:
-                await self._fail_pending(expired, error)
-
-    # -- supervision ------------------------------------------------------------------
-
-    async def _supervise(self, *, task_status: trio.TaskStatus[None]) -> None:
-        """Keep a worker running until the stage closes (or its worker is dead for
-        good); end :attr:`outputs` then."""
-        try:
-            with self._scope:
-                await self._keep_a_worker(task_status)
-        finally:
-            self._expiry.cancel()
-            self._pending.clear()  # closed: the orchestrator ends what needs the stage
-            self._lives.clear()
-            self._windows.clear()
-            self._flow_controlled.clear()
-            if self.death_cause is None:
-                self.death_cause = "the stage is closed"
-            if self._connector is not None:
-                self._connector.close(self.stage_id)
-            self._next_worker.set()
-            self._releases_for_next.clear()
-            self._outputs_send.close()
-
-    async def _keep_a_worker(self, task_status: trio.TaskStatus[None]) -> None:
-        failed_starts = 0  # in a row: a worker that cannot start is not restarted forever
-        while True:
-            self._started += 1
-            init = self._init()
-            assert self._nursery is not None
-            try:
-                worker = await WorkerConnection.start(
-                    init,
-                    self.options,
-                    label=self.label,
-                    launcher=self._launcher,
-                    nursery=self._nursery,
-                )
-            except WorkerStartError as exc:
-                if self._started == 1:
-                    raise  # the stage never started: open_process_stage raises it
-                failed_starts += 1
-                reason = str(exc).removeprefix(f"{self.label}: ")
-                lost: set[str] = set()
-            else:
-                if self._started == 1:
-                    task_status.started()
-                failed_starts = 0
-                reason, lost = await self._serve(worker)
-            self._deaths += 1
-            logger.warning(
-                "%s: its worker died: %s (%d requests lost with it)", self.label, reason, len(lost)
-            )
-            if not self.options.may_restart(self._restarts) or failed_starts >= MAX_FAILED_STARTS:
-                self.death_cause = reason  # "stage 0 (thinker) died: exited with status 3"
-                waiting, self._pending = list(self._pending), {}
-                if waiting:
-                    gone = f"{self.label} has no worker any more: {reason}"
-                    await self._fail_pending(waiting, gone)
-                return  # outputs end: the orchestrator marks the stage dead
-            if lost:
-                # "stage 0 (thinker) failed: its worker died: exited with status 3 (restarted)"
-                message = f"its worker died: {reason} (restarted)"
-                await self._outputs_send.send(
-                    [StageOutput(request_id, error=message) for request_id in sorted(lost)]
-                )
-            self._restarts += 1
-            if failed_starts:
-                await trio.sleep(0.1 * 2**failed_starts)
-
-    def _init(self) -> wire.Init:
-        """The ``Init`` of the stage's next worker."""
-        init = wire.Init(
-            self.stage_id,
-            self.name,
-            self._engine,
-            self._engine_args,
-            self._prefix,
-            self._started,
-            self.options.completion_delay,
-        )
-        connector = self._connector
-        if connector is not None:
-            init.chunks = True
-            init.listen = connector.reads(self.stage_id)
-            init.targets = list(connector.targets(self.stage_id))
-            init.inline_chunk_bytes = connector.inline_chunk_bytes
-            init.ring_bytes = connector.ring_bytes
-            init.window = connector.window
-            init.window_bytes = connector.window_bytes
-            init.listen_host = connector.listen_host
-            init.target_labels = connector.target_labels(self.stage_id)
-            init.target_startup_timeouts = connector.target_startup_timeouts(self.stage_id)
-        return init
-
-    async def _serve(self, worker: WorkerConnection) -> tuple[str, set[str]]:
-        """Make ``worker`` the stage's until it is gone. Returns why it went, and the
-        requests it was running, which went with it."""
-        connector = self._connector
-        self._worker = worker
-        for request_id in self._releases_for_next:
-            worker.release(request_id)
-        self._releases_for_next.clear()
-        self._next_worker.set()
-        if connector is not None:  # before any submit: its routes come first
-            connector.attach(self.stage_id, worker)
-        self._send_pending(worker)
-        try:
-            reason = await worker.run(self._outputs_send)
-        finally:
-            self._worker = None
-            self._next_worker = trio.Event()
-            if connector is not None:
-                connector.detach(self.stage_id)
-            await worker.aclose()  # shielded, and bounded by shutdown_grace
-            name = _shm.worker_name(self._prefix, self.stage_id, worker.generation)
-            swept = _shm.sweep(f"{name}-")
-            if swept:
-                logger.info(
-                    "%s: swept %d segments of worker #%d", self.label, swept, worker.generation
-                )
-        return reason, worker.in_flight
+    # -- running ----------------------------------------------------------------------
 
     @asynccontextmanager
     async def _running(self) -> AsyncIterator[None]:
-        """Supervise the stage's workers in the block (the first one is ready when
-        it is entered); leaving it closes the stage: its worker stops, shielded,
-        within ``shutdown_grace``."""
+        """Supervise the stage's replicas in the block (each one's first worker is
+        ready when it is entered; they start together); leaving it closes the stage:
+        its workers stop, shielded, within ``shutdown_grace``."""
         with unwrap_single_exception():
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery  # an in-process worker's tasks run here
-                await nursery.start(self._supervise)
-                nursery.start_soon(self._expire_submits)
+            async with trio.open_nursery() as nursery:  # every worker's tasks run here
                 try:
+                    await self._start(nursery)
+                    for replica in self._replicas:
+                        nursery.start_soon(replica.expire_submits)
                     yield
                 finally:
-                    self._scope.cancel()
+                    for replica in self._replicas:
+                        replica.close()
+
+    async def _start(self, nursery: trio.Nursery) -> None:
+        """Start every replica's first worker; the first that cannot start fails the
+        stage (its ``WorkerStartError``), and the others are stopped."""
+        if len(self._replicas) == 1:
+            await nursery.start(self._replicas[0].supervise, nursery)
+            return
+        failed: list[WorkerStartError] = []
+
+        async def start(replica: Replica, scope: trio.CancelScope) -> None:
+            try:
+                await nursery.start(replica.supervise, nursery)
+            except WorkerStartError as exc:
+                failed.append(exc)
+                scope.cancel()
+
+        async with trio.open_nursery() as starting:
+            for replica in self._replicas:
+                starting.start_soon(start, replica, starting.cancel_scope)
+        if failed:
+            raise failed[0]
