@@ -66,6 +66,7 @@ def test_the_demo_pipeline_loads_and_builds_its_functions():
     config = template()
     assert [s.label for s in config.stages] == ["thinker", "talker", "code2wav"]
     assert config.stage_names == {0: "thinker", 1: "talker", 2: "code2wav"}
+    assert config.stage_chain == "thinker -> talker -> code2wav"
     assert config.final_output_types == {0: "text", 2: "audio"}  # the talker is not final
     assert set(config.orchestrator_functions()) == {"prewarm_fn"}
     forward = config.with_mode(async_chunk=False).orchestrator_functions()["forward_fn"]

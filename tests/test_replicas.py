@@ -12,7 +12,12 @@ import re
 import signal
 import threading
 from collections import defaultdict
+from functools import partial
+from pathlib import Path
 
+import attrs
+import httpx
+import msgspec
 import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
@@ -348,3 +353,84 @@ def test_every_request_gets_its_own_data_in_order_on_one_replica_per_stage(repli
         await eventually(lambda: all(s.statistics().in_flight == 0 for s in pipeline.stages))
 
     trio.from_thread.run(settled, trio_token=replicated["token"])
+
+
+@pytest.mark.skipif(BACKEND is not None, reason="a process's stop")
+async def test_a_silent_replica_leaves_the_rotation_and_comes_back():
+    """SIGSTOP one replica: within heartbeat_timeout + 1 s it has no worker (killed,
+    restarting), and meanwhile every new request goes to the other one."""
+    config = pipeline_config(
+        (
+            "whoami",
+            "{}",
+            True,
+            pool(2, restart=True, heartbeat_interval=0.1, heartbeat_timeout=0.5),
+        ),
+        async_chunk=False,
+    )
+    async with running(config) as (pipeline, orch):
+        stage = pipeline.stages[0]
+        pids = stage_pids(pipeline)
+        os.kill(pids[1], signal.SIGSTOP)
+        stopped = trio.current_time()
+        await eventually(lambda: not stage.statistics().replicas[1].alive)
+        assert trio.current_time() - stopped < 0.5 + 1
+        for _ in range(4):
+            assert (await whoami(orch, 0))["pid"] == pids[0]
+        await eventually(lambda: stage.statistics().replicas[1].alive)
+        stats = stage.statistics().replicas[1]
+        assert (stats.deaths, stats.restarts) == (1, 1)
+        assert stats.death_cause is None
+
+
+@pytest.mark.skipif(BACKEND is not None, reason="one server, worker processes")
+async def test_metrics_show_each_replica():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from omni_trio.config import shipped_pipeline
+    from omni_trio.serve import app_for_config, serve
+
+    config = shipped_pipeline("demo")
+    talker = config.stages[1]
+    config = msgspec.structs.replace(
+        config,
+        stages=[
+            config.stages[0],
+            msgspec.structs.replace(talker, runtime=attrs.evolve(talker.runtime, replicas=2)),
+            *config.stages[2:],
+        ],
+    )
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(partial(serve, app_for_config(config), port=0))
+        async with httpx.AsyncClient(timeout=10) as client:
+            text = (await client.get(url + "/metrics")).text
+        nursery.cancel_scope.cancel()
+    samples = {
+        (sample.name, sample.labels.get("stage"), sample.labels.get("replica")): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+    label = talker.label  # the series name stages as the other stage series do
+    assert samples["omni_trio:replica_alive", label, "0"] == 1
+    assert samples["omni_trio:replica_alive", label, "1"] == 1
+    assert samples["omni_trio:replica_in_flight", label, "1"] == 0
+    assert ("omni_trio:replica_alive", config.stages[0].label, "0") in samples
+    assert samples["omni_trio:stage_alive", label, None] == 1  # the existing series stay
+
+
+def test_the_command_line_shows_the_replicas(tmp_path, capsys):
+    """``omni-trio run``'s header names each stage's replicas (``serve``'s start-up
+    line is the same ``PipelineConfig.stage_chain``)."""
+    import omni_trio
+    from omni_trio.cli import main
+
+    text = (Path(omni_trio.__file__).parent / "pipelines" / "demo.toml").read_text()
+    stage_2 = "\n[[stages]]\nstage_id = 2\n"
+    assert stage_2 in text
+    path = tmp_path / "demo.toml"
+    path.write_text(text.replace(stage_2, "[stages.runtime]\nreplicas = 2\n" + stage_2))
+    assert parse_pipeline(path.read_text()).stage_chain == (
+        "thinker -> talker (2 replicas) -> code2wav"
+    )
+    assert main(["run", str(path), "--prompt", "hello"]) == 0
+    assert "thinker -> talker (2 replicas) -> code2wav" in capsys.readouterr().out

@@ -177,6 +177,15 @@ class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, f
         return {s.stage_id: s.label for s in self.stages}
 
     @property
+    def stage_chain(self) -> str:
+        """The stages in order, as the CLI shows them: ``thinker -> talker (2
+        replicas) -> code2wav``."""
+        return " -> ".join(
+            s.label if s.runtime.replicas == 1 else f"{s.label} ({s.runtime.replicas} replicas)"
+            for s in self.stages
+        )
+
+    @property
     def final_output_types(self) -> dict[int, Literal["text", "audio"]]:
         """What each final stage emits to the user (``"text"`` or ``"audio"``), by
         stage id."""

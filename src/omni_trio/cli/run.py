@@ -163,7 +163,7 @@ async def _run_one(config: PipelineConfig, args: argparse.Namespace) -> int:
     audio = bytearray()
     console = Console(quiet=args.json)  # with --json, stdout is the JSON lines alone
     console.print(
-        f"{config.pipeline.name}: {' -> '.join(names.values())} ({config.mode})",
+        f"{config.pipeline.name}: {config.stage_chain} ({config.mode})",
         markup=False,
         highlight=False,
     )

@@ -133,7 +133,6 @@ async def _serve_main(
     app = app_for_config(
         config, max_waiting=args.max_waiting, max_request_bytes=args.max_request_bytes
     )
-    names = " -> ".join(s.label for s in config.stages)
     # The server's error as it is (a WorkerStartError: one line), not in a group.
     with unwrap_single_exception():
         async with trio.open_nursery() as nursery:
@@ -149,6 +148,7 @@ async def _serve_main(
                 )
             )
             print(
-                f"omni-trio serve: {config.pipeline.name} ({names}, {config.mode}) on {url}",
+                f"omni-trio serve: {config.pipeline.name} ({config.stage_chain}, {config.mode}) "
+                f"on {url}",
                 flush=True,
             )

@@ -54,8 +54,9 @@ class ServerMetrics:
     (:class:`~omni_trio.OrchestratorStatistics`: ``omni_trio:orchestrator_*``,
     ``omni_trio:unread_outputs{stage}``, ``omni_trio:unread_bytes{stage}``,
     ``omni_trio:unread_requests``), each stage's that has a ``statistics()`` method
-    (a :class:`~omni_trio.process.ProcessStage`'s: ``omni_trio:stage_*{stage}``, and
-    its worker's tables, ``omni_trio:worker_*{stage}``), and the server's own
+    (a :class:`~omni_trio.process.ProcessStage`'s: ``omni_trio:stage_*{stage}``, its
+    workers' tables, ``omni_trio:worker_*{stage}``, and each replica's,
+    ``omni_trio:replica_*{stage,replica}``), and the server's own
     (``server``: ``omni_trio:server_*``).
     """
 
@@ -232,6 +233,23 @@ _STAGE_GAUGES = (
         "Bytes in use in the worker's rings to the workers downstream.",
     ),
 )
+#: Each replica's figures (``ProcessStageStatistics.replicas``) read as gauges, labelled
+#: by stage and replica.
+_REPLICA_GAUGES = (
+    ("alive", "omni_trio:replica_alive", "1 while the replica has a worker, else 0."),
+    (
+        "in_flight",
+        "omni_trio:replica_in_flight",
+        "Requests the replica's worker holds and has not finished.",
+    ),
+    (
+        "placed",
+        "omni_trio:replica_placed",
+        "Requests placed on the replica and not released (what least_loaded compares).",
+    ),
+    ("restarts", "omni_trio:replica_restarts", "How many times the replica's worker was replaced."),
+    ("deaths", "omni_trio:replica_deaths", "How many of the replica's workers died."),
+)
 #: ``ServerStatistics`` attributes read as gauges (``running`` and ``waiting`` are
 #: the ``num_requests_*`` gauges).
 _SERVER_GAUGES = (
@@ -326,6 +344,19 @@ class _StatisticsCollector(Collector):
                 value = getattr(snapshot, attribute, None)
                 if isinstance(value, (int, float)):
                     gauge.add_metric([self.model_name, label], value)
+            yield gauge
+        replicas = [
+            (label, replica)
+            for label, snapshot in snapshots
+            for replica in getattr(snapshot, "replicas", ())
+        ]
+        if not replicas:
+            return
+        for attribute, name, text in _REPLICA_GAUGES:
+            gauge = GaugeMetricFamily(name, text, labels=["model_name", "stage", "replica"])
+            for label, replica in replicas:
+                value = float(getattr(replica, attribute))
+                gauge.add_metric([self.model_name, label, str(replica.replica)], value)
             yield gauge
 
     def _server(self) -> Iterator[Metric]:
