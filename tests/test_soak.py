@@ -40,15 +40,17 @@ async def consume(orch, prompt, leave_after, results, done):
 
 
 async def chaos(pipeline, rng, stop):
-    """Kill or pause a random worker now and then, until ``stop`` is set."""
+    """Kill or pause a random worker (of a random replica) now and then, until
+    ``stop`` is set."""
     while not stop.is_set():
         await trio.sleep(rng.uniform(0.05, 0.3))
         stage = rng.choice(pipeline.stages)
-        pid = stage.pid
+        replica = rng.choice(stage.statistics().replicas)
+        pid = replica.pid
         if pid is None:
             continue  # restarting
         if rng.random() < 0.6:
-            stage.kill()
+            stage.kill(replica.replica)
         else:  # paused: sometimes past the heartbeat timeout, then killed for it
             os.kill(pid, signal.SIGSTOP)
             await trio.sleep(rng.uniform(0.1, 0.9))
@@ -82,13 +84,22 @@ def check(prompt, outs):
             assert data == [f"{expected}:0:{i}" for i in range(COUNT)] + [None], prompt
 
 
-@pytest.mark.parametrize("seed", range(int(os.environ.get("SOAK_ROUNDS", 4 if FULL_SIZE else 2))))
-async def test_restarts_under_fire(seed):
+ROUNDS = int(os.environ.get("SOAK_ROUNDS", 4 if FULL_SIZE else 2))
+
+
+@pytest.mark.parametrize(
+    ("replicas", "seed"),
+    [(1, seed) for seed in range(ROUNDS)] + [(2, seed) for seed in range(max(ROUNDS // 2, 1))],
+)
+async def test_restarts_under_fire(replicas, seed):
+    """``replicas``: every stage a pool of that many workers, which the chaos hits one
+    at a time."""
     rng = random.Random(seed)
+    runtime = f"{RUNTIME}\nreplicas = {replicas}"
     config = pipeline_config(
-        ("stream", f"{{ count = {COUNT}, delay = 0.01 }}", True, RUNTIME),
-        ("relay", "{}", False, RUNTIME),
-        ("relay", "{}", True, RUNTIME),
+        ("stream", f"{{ count = {COUNT}, delay = 0.01 }}", True, runtime),
+        ("relay", "{}", False, runtime),
+        ("relay", "{}", True, runtime),
     )
     results, done = {}, []
     with trio.fail_after(60):
@@ -105,8 +116,8 @@ async def test_restarts_under_fire(seed):
                         await trio.sleep(0.05)
                 stop.set()
                 await recover(orch, f"q{seed}r", results)
-                if rng.random() < 0.5:
-                    rng.choice(pipeline.stages).kill()  # a death right before the close
+                if rng.random() < 0.5:  # a death right before the close
+                    rng.choice(pipeline.stages).kill(rng.randrange(replicas))
                 nursery.cancel_scope.cancel()
             leaving = trio.current_time()
     assert trio.current_time() - leaving < GRACE + 2
