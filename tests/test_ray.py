@@ -1,9 +1,10 @@
 """Stages on a Ray cluster (``backend = "ray"``), on a real multi-node local cluster.
 
 A ``ray.cluster_utils.Cluster``: a head with no CPUs, and worker nodes that carry
-distinct custom resources (``node_a``, ``node_b``; the node-loss test adds two
-``spare`` ones). Every port of it is bound to 127.0.0.1, which a test checks. It runs
-only where Ray is installed (``nox -s ray``); the rest of the suite needs no Ray.
+distinct custom resources (``node_a``, ``node_b``; the node-loss tests add their own:
+two ``spare``, three ``pool``). Every port of it is bound to 127.0.0.1, which a test
+checks. It runs only where Ray is installed (``nox -s ray``); the rest of the suite
+needs no Ray.
 """
 
 from __future__ import annotations
@@ -366,6 +367,77 @@ async def test_a_lost_node_fails_only_its_requests_and_the_stage_comes_back(clus
         stats = lost.stages[0].statistics()
         assert stats.restarts == 1
         assert stats.node_id not in (None, node_id)
+
+
+def test_spread_asks_ray_for_its_spread_strategy_and_pins_no_node():
+    from omni_trio.process import WorkerOptions
+    from omni_trio.process._ray_launcher import _actor_options
+
+    spread = WorkerOptions(backend="ray", replicas=2, spread=True, resources={"pool": 1})
+    assert _actor_options(spread) == {
+        "max_restarts": 0,
+        "resources": {"pool": 1},
+        "scheduling_strategy": "SPREAD",
+    }
+    assert "scheduling_strategy" not in _actor_options(WorkerOptions(backend="ray"))
+
+
+async def _ran_on(orch, inputs):
+    """The pid of the actor that ran a ``whoami`` request (``inputs``: seconds it takes)."""
+    async with orch.open_request(inputs) as stream:
+        outs = [out async for out in stream]
+    assert outs[-1].finish_reason == "completed", outs[-1]
+    return outs[0].data["pid"]
+
+
+@bounded(120)
+async def test_a_pool_on_two_nodes_loses_only_the_replica_of_a_lost_node(cluster):
+    """``replicas = 2``, ``spread``, each actor asking for one ``pool`` of three nodes
+    that have one each: the replicas on two nodes, certainly. Removing one of them fails
+    only its replica's request, within 5 s; a new request completes at once on the
+    other replica; and the replacement starts on the node that is left."""
+    # Ray starts a node from the main thread only: the loop waits, before anything runs
+    pools = {node.node_id: node for node in (cluster.local.add_node({"pool": 1}) for _ in "abc")}
+    runtime = on("pool", replicas=2, spread="true", max_restarts=1)
+    config = pipeline_config(("whoami", "{}", True, runtime), async_chunk=False)
+    async with running(config) as (pipeline, orch):
+        stage = pipeline.stages[0]
+        before = stage.statistics().replicas
+        nodes = [replica.node_id for replica in before]
+        assert len(set(nodes)) == 2
+        assert set(nodes) <= set(pools)
+        (left,) = set(pools) - set(nodes)
+        terminals = {}
+
+        async def hold(replica):  # least_loaded: the first on replica 0, the next on 1
+            async with orch.open_request(4, request_id=f"on{replica}") as stream:
+                async for out in stream:
+                    if out.finished:
+                        terminals[replica] = (out, trio.current_time())
+
+        async with trio.open_nursery() as nursery:
+            for replica in (0, 1):
+                nursery.start_soon(hold, replica)
+                await eventually(lambda r=replica: stage.statistics().replicas[r].in_flight == 1)
+            removed_at = trio.current_time()
+            await trio.to_thread.run_sync(cluster.cluster.remove_node, pools[nodes[1]], False)
+            await eventually(lambda: 1 in terminals)
+            out, ended_at = terminals[1]
+            assert out.finish_reason == "error"
+            assert ended_at - removed_at <= 5.0
+            assert "stage 0 failed: replica 1's worker died" in out.error
+            assert f"node {nodes[1][:8]}" in out.error
+            asked_at = trio.current_time()
+            assert await _ran_on(orch, 0) == before[0].pid
+            assert trio.current_time() - asked_at <= 1.0
+        assert terminals[0][0].finish_reason == "completed"
+        with trio.fail_after(30):
+            while not stage.statistics().replicas[1].alive:  # noqa: ASYNC110 - Ray's doing
+                await trio.sleep(0.05)
+        after = stage.statistics().replicas
+        assert [r.node_id for r in after] == [nodes[0], left]
+        assert [r.restarts for r in after] == [0, 1]
+        assert after[0].pid == before[0].pid
 
 
 @bounded(120)

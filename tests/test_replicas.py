@@ -61,6 +61,7 @@ def test_the_options_default_to_one_replica_least_loaded():
         ({"devices": [""]}, "devices: each must be a non-empty string, got ''"),
         ({"backend": "inprocess", "devices": ["0"]}, "it needs backend = 'process'"),
         ({"backend": "ray", "devices": ["0"]}, "GPUs come from num_gpus"),
+        ({"spread": True}, "spread places Ray actors: it needs backend = 'ray', not 'process'"),
     ],
 )
 def test_bad_options_are_refused_naming_the_key(keys, message):

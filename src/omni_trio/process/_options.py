@@ -24,7 +24,7 @@ __all__ = [
 ]
 
 #: The fields that say where a Ray actor is placed: only for ``backend = "ray"``.
-RAY_PLACEMENT = ("num_cpus", "num_gpus", "resources")
+RAY_PLACEMENT = ("num_cpus", "num_gpus", "resources", "spread")
 #: Where a stage's worker can run (``WorkerOptions.backend``).
 BACKENDS = ("process", "inprocess", "ray")
 #: How a stage's replicas share its requests (``WorkerOptions.balance``).
@@ -126,6 +126,12 @@ class WorkerOptions:
           runs; no GPU).
       resources: A Ray stage's custom resources, e.g. ``{"node_tts": 1}``: its
           actor goes to a node that has them.
+      spread: Place a Ray stage's actors by Ray's ``SPREAD`` scheduling strategy,
+          which spreads them among the nodes that can take them: a pool's replicas
+          on different nodes. Best effort: to make it certain, give each node room
+          for one replica only (one of a custom resource the stage asks for, see
+          ``resources``). Without it, Ray's default strategy may put several on
+          one node.
       heartbeat_interval: Seconds between pings to the worker.
       heartbeat_timeout: A worker silent this long is dead (it is killed).
       startup_timeout: Seconds a worker may take to load its engine; also how long a
@@ -171,6 +177,7 @@ class WorkerOptions:
     replicas: int = attrs.field(default=1, validator=_replicas)
     balance: str = attrs.field(default="least_loaded", validator=_one_of(BALANCES))
     devices: tuple[str, ...] = attrs.field(default=(), converter=_as_devices, validator=_devices)
+    spread: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     def __attrs_post_init__(self) -> None:
         if self.devices:
@@ -188,8 +195,9 @@ class WorkerOptions:
         if self.backend != "ray":
             for name in RAY_PLACEMENT:
                 if getattr(self, name):
+                    what = "places Ray actors" if name == "spread" else "places a Ray actor"
                     raise ValueError(
-                        f"{name} places a Ray actor: it needs backend = 'ray', not {self.backend!r}"
+                        f"{name} {what}: it needs backend = 'ray', not {self.backend!r}"
                     )
 
     def may_restart(self, restarts: int) -> bool:

@@ -76,6 +76,9 @@ def _actor_class() -> Any:
 
 
 def _actor_options(options: WorkerOptions) -> dict[str, Any]:
+    """Ray's options for each actor of the stage, every replica's and every
+    replacement's alike: what it asks a node for, never which node (Ray places a
+    replacement wherever there is room, among the nodes that are left)."""
     placement: dict[str, Any] = {"max_restarts": 0}  # we restart, with a new actor
     if options.num_cpus is not None:
         placement["num_cpus"] = options.num_cpus
@@ -83,6 +86,8 @@ def _actor_options(options: WorkerOptions) -> dict[str, Any]:
         placement["num_gpus"] = options.num_gpus
     if options.resources:
         placement["resources"] = dict(options.resources)
+    if options.spread:
+        placement["scheduling_strategy"] = "SPREAD"
     return placement
 
 
@@ -274,10 +279,12 @@ async def open_ray_stage(
     worker in an actor on a node of a Ray cluster instead of a child process:
     ``options.num_cpus``, ``num_gpus`` and ``resources`` place it, its restarts are
     new actors (``options.restart``, ``max_restarts``), and its statistics name its
-    node and actor. The actor connects back to this process over TCP and serves the
-    stage's wire protocol there; in async_chunk mode its chunks go to the next
-    stage's worker over TCP, inline. The engine's factory must be importable on the
-    node, by the same path.
+    node and actor. With ``options.replicas``, each replica is an actor of its own,
+    placed alike (``options.spread``: by Ray's ``SPREAD`` strategy), and a replica
+    lost with its node is replaced on a node that is left. The actor connects back
+    to this process over TCP and serves the stage's wire protocol there; in
+    async_chunk mode its chunks go to the next stage's worker over TCP, inline. The
+    engine's factory must be importable on the node, by the same path.
 
     The cluster is the one this process is connected to, else ``ray_address``'s,
     else a local one started for the block, on loopback only (see
