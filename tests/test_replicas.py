@@ -109,7 +109,7 @@ def test_round_robin_takes_the_live_replicas_in_turn():
 
 
 class Counting:
-    """A pool as the placement sees it: counts what is placed on each replica."""
+    """A pool as the placement sees it: counts what is reserved on each replica."""
 
     def __init__(self, replicas: int) -> None:
         self.counts = [0] * replicas
@@ -124,6 +124,9 @@ class Counting:
 
 
 def test_a_request_is_placed_at_every_pool_at_once_and_forgotten_after_its_releases():
+    """A placement reserves a request at every pool when it is first placed; its
+    submit at a pool ends the reservation there (the replica's worker counts it
+    then), and its last release ends the ones at pools it never reached."""
     placement, talker, code2wav = Placement(), Counting(2), Counting(3)
     assert not placement.pooled
     placement.add_pool(1, talker)
@@ -131,14 +134,14 @@ def test_a_request_is_placed_at_every_pool_at_once_and_forgotten_after_its_relea
     assert placement.place("a") == {1: 0, 2: 0}
     assert placement.place("a") == {1: 0, 2: 0}  # once: the same replicas for its life
     assert placement.place("b") == {1: 1, 2: 1}
+    assert (talker.counts, code2wav.counts) == ([1, 1], [1, 1, 0])
     for stage in (0, 1, 2):
         placement.submitted("a", stage)
-    placement.release("a", 0)
-    assert (talker.counts, code2wav.counts, len(placement)) == ([1, 1], [1, 1, 0], 2)
-    placement.release("a", 1)
-    placement.release("a", 2)
+    assert (talker.counts, code2wav.counts, len(placement)) == ([0, 1], [0, 1, 0], 2)
+    for stage in (0, 1, 2):
+        placement.release("a", stage)
     assert (talker.counts, code2wav.counts, len(placement)) == ([0, 1], [0, 1, 0], 1)
-    # "b" reached stage 0 only (aborted there): its release there frees its places.
+    # "b" reached stage 0 only (aborted there): its release there ends its reservations.
     placement.submitted("b", 0)
     placement.release("b", 0)
     assert (talker.counts, code2wav.counts, len(placement)) == ([0, 0], [0, 0, 0], 0)
@@ -179,7 +182,7 @@ async def test_least_loaded_sends_a_new_request_to_the_idle_replica():
             for _ in range(3):  # each short one to the idle replica, while 0 is busy
                 assert (await whoami(orch, 0))["pid"] == pids[1]
             stats = pipeline.stages[0].statistics()
-            assert [r.placed for r in stats.replicas] == [1, 0]
+            assert [r.load for r in stats.replicas] == [1, 0]
         await eventually(lambda: pipeline.stages[0].statistics().in_flight == 0)
 
 
@@ -235,7 +238,7 @@ async def test_a_killed_replica_fails_only_its_requests_and_comes_back():
         async with trio.open_nursery() as nursery:
             for name in ("a", "b", "c", "d"):  # least_loaded: two on each replica
                 nursery.start_soon(one, name)
-            await eventually(lambda: [r.placed for r in talker.statistics().replicas] == [2, 2])
+            await eventually(lambda: [r.load for r in talker.statistics().replicas] == [2, 2])
             await trio.sleep(0.3)
             os.kill(victim, signal.SIGKILL)
             # New requests complete on the other replica meanwhile.

@@ -6,8 +6,9 @@ them. The first time a request is placed -- its first credit or submit at any st
 of the placement -- a replica is chosen at every pooled stage at once, so the stage
 upstream of a pool knows, when the request is submitted there, which replica its
 chunks go to. The request keeps those replicas until it is released at every stage
-it was submitted to; then each pool's count of it is given back, and a later
-admission of the same id is placed afresh.
+it was submitted to, and a later admission of the same id is placed afresh. Until
+its submit at a pooled stage, it is counted there as *reserved*; from then on the
+replica's worker counts it, until it finishes (see ``Replica.load``).
 
 A pipeline in async_chunk mode shares one placement, its connector's (its stages
 stream to each other). Stages without a connector each keep one of their own: they
@@ -28,10 +29,11 @@ class Balancer(Protocol):
     """A pool, as a placement uses it."""
 
     def choose(self) -> int:
-        """Choose a replica for a new request, and count it there."""
+        """Choose a replica for a new request, and reserve it there."""
 
     def unchoose(self, replica: int) -> None:
-        """A request placed on ``replica`` is over there: stop counting it."""
+        """A request placed on ``replica`` was submitted there (its worker counts it
+        from now on), or will never be: its reservation ends."""
 
 
 def choose_least_loaded(live: Sequence[bool], loads: Sequence[int]) -> int:
@@ -57,7 +59,7 @@ class _Placed:
 
     def __init__(self, replicas: dict[int, int]) -> None:
         self.replicas = replicas  # pooled stage -> its replica
-        self.open = set(replicas)  # the stages still counting it
+        self.open = set(replicas)  # the pooled stages it is reserved at (not submitted)
         self.held: set[int] = set()  # the stages it was submitted to, not released
 
 
@@ -107,24 +109,29 @@ class Placement:
         return replica
 
     def submitted(self, request_id: str, stage_id: int) -> None:
-        """The request was submitted at ``stage_id``: it stays placed until its
-        release there."""
+        """The request is being submitted at ``stage_id``: its reservation there ends
+        (the replica's worker counts it now), and it stays placed until its release
+        there."""
         placed = self._requests.get(request_id)
         if placed is not None:
             placed.held.add(stage_id)
+            self._unreserve(placed, stage_id)
 
     def release(self, request_id: str, stage_id: int) -> None:
         """The request is over at ``stage_id``; once it is over at every stage it was
-        submitted to, it is forgotten, and the pools it was placed at but never
-        submitted to stop counting it too."""
+        submitted to, it is forgotten, and its reservations at the pools it never
+        reached end too."""
         placed = self._requests.get(request_id)
         if placed is None:
             return
         placed.held.discard(stage_id)
+        self._unreserve(placed, stage_id)
+        if not placed.held:
+            del self._requests[request_id]
+            for other in list(placed.open):
+                self._unreserve(placed, other)
+
+    def _unreserve(self, placed: _Placed, stage_id: int) -> None:
         if stage_id in placed.open:
             placed.open.discard(stage_id)
             self._pools[stage_id].unchoose(placed.replicas[stage_id])
-        if not placed.held:
-            del self._requests[request_id]
-            for other in placed.open:
-                self._pools[other].unchoose(placed.replicas[other])

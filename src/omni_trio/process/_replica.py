@@ -75,8 +75,8 @@ class Replica:
           stage has more than one.
       death_cause: ``None`` while it has, or will have, a worker; once it is over,
           why (its last worker's end, or ``the stage is closed``).
-      placed: Requests its stage placed on it and has not released yet (its load,
-          for ``balance = "least_loaded"``).
+      reserved: Requests placed on it that its stage has not submitted to it yet (a
+          pooled stage places a request at admission; see :attr:`load`).
     """
 
     def __init__(
@@ -101,7 +101,7 @@ class Replica:
         self.index = index
         self.label = label
         self.options = options
-        self.placed = 0
+        self.reserved = 0
         self._pooled = pooled  # its stage has other replicas: its deaths are its own
         self._engine = engine
         self._engine_args = dict(engine_args)
@@ -132,6 +132,15 @@ class Replica:
     def worker(self) -> WorkerConnection | None:
         """Its worker right now (``None`` while it has none)."""
         return self._worker
+
+    @property
+    def load(self) -> int:
+        """Requests on it right now: held by its worker and not finished (a worker's
+        completion counts as it is read, before the orchestrator sees it), waiting for
+        its next worker, or placed on it and not submitted yet. What
+        ``balance = "least_loaded"`` compares."""
+        worker = self._worker
+        return self.reserved + len(self._pending) + (0 if worker is None else len(worker.in_flight))
 
     @property
     def submits_waiting(self) -> int:

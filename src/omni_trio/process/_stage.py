@@ -52,8 +52,9 @@ class ReplicaStatistics:
           once it is dead for good).
       pid, node_id, actor_id: Its current worker's (as the stage's are).
       in_flight: Requests its current worker holds and has not finished.
-      placed: Requests placed on it and not released yet: what
-          ``balance = "least_loaded"`` compares.
+      load: Requests on it: those its worker holds and has not finished, those
+          waiting for its next worker, and those placed on it and not submitted yet.
+          What ``balance = "least_loaded"`` compares.
       workers_started, restarts, deaths: Its own counts.
       seconds_since_heard: Since its current worker last sent anything; ``None``
           while it has none.
@@ -64,7 +65,7 @@ class ReplicaStatistics:
     alive: bool
     pid: int | None
     in_flight: int
-    placed: int
+    load: int
     workers_started: int
     restarts: int
     deaths: int
@@ -285,7 +286,7 @@ class ProcessStage(metaclass=NoPublicConstructor):
                     alive=worker is not None,
                     pid=None if worker is None else worker.pid,
                     in_flight=0 if worker is None else len(worker.in_flight),
-                    placed=replica.placed,
+                    load=replica.load,
                     workers_started=replica.started,
                     restarts=replica.restarts,
                     deaths=replica.deaths,
@@ -336,12 +337,12 @@ class ProcessStage(metaclass=NoPublicConstructor):
         if self.options.balance == "round_robin":
             index = self._turn = choose_round_robin(live, self._turn)
         else:
-            index = choose_least_loaded(live, [replica.placed for replica in replicas])
-        replicas[index].placed += 1
+            index = choose_least_loaded(live, [replica.load for replica in replicas])
+        replicas[index].reserved += 1
         return index
 
     def unchoose(self, replica: int) -> None:
-        self._replicas[replica].placed -= 1
+        self._replicas[replica].reserved -= 1
 
     def _replica_of(self, request_id: str, placed: dict[int, int]) -> Replica:
         """The request's replica here, from its placement; a request not yet

@@ -243,9 +243,10 @@ _REPLICA_GAUGES = (
         "Requests the replica's worker holds and has not finished.",
     ),
     (
-        "placed",
-        "omni_trio:replica_placed",
-        "Requests placed on the replica and not released (what least_loaded compares).",
+        "load",
+        "omni_trio:replica_load",
+        "Requests on the replica: held by its worker, waiting for it, or placed on it "
+        "and not submitted yet (what least_loaded compares).",
     ),
     ("restarts", "omni_trio:replica_restarts", "How many times the replica's worker was replaced."),
     ("deaths", "omni_trio:replica_deaths", "How many of the replica's workers died."),
