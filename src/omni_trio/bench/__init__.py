@@ -1,8 +1,10 @@
-"""The benchmark suite: the Trio orchestrator against its asyncio twin, and the
-process data plane against its floors.
+"""The benchmark suite: the Trio orchestrator against its asyncio twin, the process
+data plane against its floors, and replica pools.
 
 ``omni-trio bench`` runs every scenario once per implementation, each in its own
 process (``python -m omni_trio.bench --impl NAME``), and prints the comparison; then
 the process scenarios (``python -m omni_trio.bench._process --family NAME``), each
-beside its floor measured in the same run.
+beside its floor measured in the same run; then the replica pools (``python -m
+omni_trio.bench._replicas --part NAME``): a bottleneck stage of device-time engines
+at 1 to 8 replicas, and the speech demo with its talker and code2wav replicated.
 """

@@ -6,6 +6,8 @@ plain asyncio design (one item per queue hop) runs last, and only scenarios 1 to
 it is the yardstick of issue 12's goals, not a third orchestrator to weigh. Then the
 process scenarios run, each beside its floor (see
 :mod:`omni_trio.bench._process_report`); the report holds them under ``"process"``.
+Then the replica pools (:mod:`omni_trio.bench._replicas_report`), under
+``"replicas"``, and the Ray scenarios, under ``"ray"``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from rich.table import Table
 from ._latency import LOADS
 from ._process_report import header, print_header, print_process_report, run_process_bench
 from ._ray_report import print_ray_report, ray_installed, run_ray_bench
+from ._replicas_report import print_replicas_report, run_replicas_bench
 
 __all__ = ["goals", "print_report", "run_bench"]
 
@@ -56,22 +59,29 @@ ROWS = [
 
 
 def run_bench(*, quick: bool, command: str, only: str | None = None) -> dict[str, Any] | None:
-    """Run the in-process scenarios, then the process scenarios, then the Ray
-    scenarios if Ray is installed (``only``: ``"inprocess"``, ``"process"`` or
-    ``"ray"``, just those); the report, or ``None`` if a run failed (its error output
-    is printed)."""
-    if only in ("process", "ray"):
+    """Run the in-process scenarios, then the process scenarios, then the replica
+    pools, then the Ray scenarios if Ray is installed (``only``: ``"inprocess"``,
+    ``"process"``, ``"replicas"`` or ``"ray"``, just those); the report, or ``None``
+    if a run failed (its error output is printed)."""
+    if only in ("process", "replicas", "ray"):
         report: dict[str, Any] | None = header(command=command, quick=quick)
     else:
         report = _run_inprocess(quick=quick, command=command)
     if report is None or only == "inprocess":
         return report
     console = Console(stderr=True)
-    if only != "ray":
+    if only in (None, "process"):
         process = run_process_bench(quick=quick, console=console)
         if process is None:
             return None
         report["process"] = process
+    if only in (None, "replicas"):
+        replicas = run_replicas_bench(quick=quick, console=console)
+        if replicas is None:
+            return None
+        report["replicas"] = replicas
+    if only == "replicas":
+        return report
     if only == "ray" or ray_installed():
         ray = run_ray_bench(quick=quick, console=console)
         if ray is None:
@@ -173,14 +183,18 @@ def _format(value: float, kind: str) -> str:
 
 
 def print_report(report: dict[str, Any]) -> None:
-    """The comparison table, then the goals; then the process scenarios' (a report
-    may hold either part alone)."""
+    """The comparison table, then the goals; then the process scenarios', the replica
+    pools' and the Ray scenarios' (a report may hold any part alone)."""
     if "results" in report:
         _print_inprocess(report)
     if "process" in report:
         print_process_report(report, Console())
-    if "ray" in report:
+    if "replicas" in report:
         if "results" not in report and "process" not in report:
+            print_header(report, Console())
+        print_replicas_report(report, Console())
+    if "ray" in report:
+        if not {"results", "process", "replicas"} & report.keys():
             print_header(report, Console())
         print_ray_report(report, Console())
     elif "ray_skipped" in report:

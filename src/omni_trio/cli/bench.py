@@ -1,5 +1,6 @@
 """``omni-trio bench``: the Trio orchestrator against its asyncio twin (and uvloop),
-the process data plane against its floors, and Ray stages against worker processes."""
+the process data plane against its floors, replica pools, and Ray stages against
+worker processes."""
 
 from __future__ import annotations
 
@@ -24,16 +25,19 @@ def add_parser(commands: Commands) -> None:
         "unpaced, each beside its floor (two bare processes and a socket pair) measured "
         "in the same run, with the goals they are held to. Then, if Ray is installed, "
         "two Ray stages on different nodes of a local cluster beside the same stages as "
-        "worker processes, and a node's death.",
+        "worker processes, and a node's death. Then replica pools: a bottleneck stage of "
+        "device-time engines at 1, 2, 4 and 8 replicas, and the speech demo with its talker "
+        "and code2wav at 1 and 2.",
     )
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bench.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     bench.add_argument(
         "--only",
-        choices=["inprocess", "process", "ray"],
+        choices=["inprocess", "process", "replicas", "ray"],
         help="run only the in-process scenarios, only the process scenarios "
-        "(worker processes against their floors), or only the Ray scenarios (Ray "
-        "stages on a local two-node cluster beside worker processes)",
+        "(worker processes against their floors), only the replica pools (throughput "
+        "and first output at 1 to 8 replicas of a bottleneck stage), or only the Ray "
+        "scenarios (Ray stages on a local two-node cluster beside worker processes)",
     )
     bench.add_argument(
         "--from",
