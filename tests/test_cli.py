@@ -50,17 +50,21 @@ def test_bench_quick_smoke(capsys, monkeypatch):
     """Keeps the benchmark code from rotting; its numbers mean nothing at this size.
 
     The in-process scenarios run for real; the process scenarios' own run is
-    tests/test_bench_process.py's (here they are a stand-in, so that the two do not
-    run twice, nor at once under xdist, whose shm floors the other test counts): this
-    checks that a whole run reports both."""
+    tests/test_bench_process.py's, and the replica scenarios' tests/test_bench_replicas.py's
+    (here they are stand-ins, so that they do not run twice, nor at once under xdist,
+    whose shm floors the other test counts): this checks that a whole run reports
+    them all."""
     import omni_trio.bench._report as bench_report
 
     stand_in = {"results": "the process scenarios"}
     monkeypatch.setattr(bench_report, "run_process_bench", lambda **_: stand_in)
+    replicas = {"results": "the replica scenarios"}
+    monkeypatch.setattr(bench_report, "run_replicas_bench", lambda **_: replicas)
     monkeypatch.setattr(bench_report, "ray_installed", lambda: False)
     assert main(["bench", "--quick", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["process"] == stand_in
+    assert report["replicas"] == replicas
     assert report["ray_skipped"].startswith("Ray is not installed")
     assert report["quick"] is True
     assert report["machine"]["cpus"] >= 1
