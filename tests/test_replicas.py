@@ -355,6 +355,12 @@ def test_every_request_gets_its_own_data_in_order_on_one_replica_per_stage(repli
 
     async def settled():
         await eventually(lambda: all(s.statistics().in_flight == 0 for s in pipeline.stages))
+        connector = pipeline.connector  # every placement is over, every reservation too
+        await eventually(lambda: connector.statistics().placed == 0)
+        for stage in pipeline.stages:
+            assert [r.load for r in stage.statistics().replicas] == [0] * len(
+                stage.statistics().replicas
+            )
 
     trio.from_thread.run(settled, trio_token=replicated["token"])
 

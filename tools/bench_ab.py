@@ -8,6 +8,7 @@ trees are asked the same: fractions of a fixed capacity, or, for a tree from bef
 scenario 5 measured its capacity, one fixed load.
 
 Run: python tools/bench_ab.py --before OLD/src --after src [--rounds 3] [--json FILE]
+[--only inprocess|chunks]
 (for instance with OLD a ``git worktree`` of the commit before the change).
 """
 
@@ -43,15 +44,19 @@ def _flatten(prefix: str, value: Any, into: dict[str, float]) -> None:
         into[prefix] = float(value)
 
 
-def one_run(src: Path) -> dict[str, float]:
-    """Every figure of one run of both benches on the tree at ``src``."""
+def one_run(src: Path, only: str | None = None) -> dict[str, float]:
+    """Every figure of one run of both benches on the tree at ``src`` (``only``: of
+    that one, ``"inprocess"`` or ``"chunks"``)."""
     figures: dict[str, float] = {}
     main = (src / "omni_trio" / "bench" / "__main__.py").read_text()
     if "--latency-capacity" in main:
         load = ["--latency-capacity", str(LATENCY_CAPACITY)]
     else:
         load = ["--latency-load", str(LATENCY_CAPACITY / 2)]
-    _flatten("inprocess", _run(src, "omni_trio.bench", "--impl", "trio", *load), figures)
+    if only != "chunks":
+        _flatten("inprocess", _run(src, "omni_trio.bench", "--impl", "trio", *load), figures)
+    if only == "inprocess":
+        return figures
     chunks = _run(src, "omni_trio.bench._process", "--family", "chunks")
     for size, sides in chunks["sizes"].items():
         for side in ("omni", "socket"):
@@ -66,6 +71,9 @@ def main() -> None:
     parser.add_argument("--after", type=Path, default=Path("src"), help="the new tree's src/")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, help="save every run's figures here")
+    parser.add_argument(
+        "--only", choices=["inprocess", "chunks"], help="run one of the two benches alone"
+    )
     args = parser.parse_args()
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
@@ -73,7 +81,7 @@ def main() -> None:
         order = list(trees) if round_ % 2 == 0 else list(reversed(trees))
         for name in order:
             started = time.monotonic()
-            runs[name].append(one_run(trees[name]))
+            runs[name].append(one_run(trees[name], args.only))
             print(
                 f"round {round_ + 1}: {name} ({time.monotonic() - started:.0f} s)", file=sys.stderr
             )

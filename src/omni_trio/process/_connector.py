@@ -67,6 +67,8 @@ class ConnectorStatistics:
           rings' bytes in use.
       lives: Request ids the connector is numbering a life for (submitted at some
           stage and not released there yet).
+      placed: Requests placed on replicas of its pooled stages and not released
+          at every stage they were submitted to (0 without a pool).
     """
 
     workers_attached: int
@@ -76,6 +78,7 @@ class ConnectorStatistics:
     chunks_unread: dict[int, int] = attrs.field(factory=dict)
     chunk_bytes_unread: dict[int, int] = attrs.field(factory=dict)
     lives: int = 0
+    placed: int = 0
 
     @property
     def total_chunks_unread(self) -> int:
@@ -175,6 +178,7 @@ class ShmConnector(metaclass=NoPublicConstructor):
             chunks_unread=chunks,
             chunk_bytes_unread=nbytes,
             lives=len(self._lives),
+            placed=len(self.placement),
         )
 
     def targets(self, stage_id: int) -> tuple[int, ...]:
