@@ -221,7 +221,7 @@ async def test_an_inprocess_stage_has_replicas_too():
 @pytest.mark.skipif(BACKEND is not None, reason="a process's kill")
 async def test_a_killed_replica_fails_only_its_requests_and_comes_back():
     config = pipeline_config(
-        ("stream", "{ count = 400, delay = 0.01 }", False, pool(2, restart=True)),
+        ("stream", "{ count = 200, delay = 0.01 }", False, pool(2, restart=True)),
         ("relay", "{}", True, pool(2, restart=True)),
     )
     async with running(config) as (pipeline, orch):
