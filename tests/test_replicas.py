@@ -148,15 +148,6 @@ def test_a_request_is_placed_at_every_pool_at_once_and_forgotten_after_its_relea
     assert placement.place("a") == {1: 0, 2: 0}  # a later admission is placed afresh
 
 
-def test_a_request_moves_off_a_replica_before_its_submit_there():
-    placement, pool = Placement(), Counting(2)
-    placement.add_pool(1, pool)
-    placement.place("a")
-    pool.counts[1] = 5  # replica 1 busy, replica 0 holding "a": moving keeps counts true
-    assert placement.move("a", 1) == 0
-    assert pool.counts == [1, 5]
-
-
 # -- real workers -------------------------------------------------------------------------
 
 
@@ -444,3 +435,27 @@ def test_the_command_line_shows_the_replicas(tmp_path, capsys):
     )
     assert main(["run", str(path), "--prompt", "hello"]) == 0
     assert "thinker -> talker (2 replicas) -> code2wav" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(BACKEND is not None, reason="a process's kill")
+async def test_forward_mode_places_a_request_when_it_reaches_the_pool():
+    """Forward mode: nothing streams between stages, so a pool places a request when
+    the request reaches it; a replica that lost its worker (here for good) while the
+    request was upstream is not chosen, and the request runs on one that has one."""
+    config = pipeline_config(
+        ("stream", "{ count = 3, delay = 0.3 }", False, ""),
+        ("whoami", "{}", True, pool(2)),
+        async_chunk=False,
+    )
+    async with running(config) as (pipeline, orch):
+        talker = pipeline.stages[1]
+        survivor = talker.statistics().replicas[1].pid
+        async with orch.open_request("hi") as stream:
+            await eventually(lambda: pipeline.stages[0].statistics().in_flight == 1)
+            assert [r.load for r in talker.statistics().replicas] == [0, 0]  # not placed yet
+            talker.kill(0)  # the replica least_loaded would take first
+            await eventually(lambda: talker.statistics().replicas[0].death_cause is not None)
+            outputs = [out async for out in stream]
+        assert outputs[-1].finish_reason == "completed", outputs[-1]
+        assert [o.data["pid"] for o in outputs if o.stage_id == 1 and o.data] == [survivor]
+        await eventually(lambda: [r.load for r in talker.statistics().replicas] == [0, 0])

@@ -145,7 +145,8 @@ class WorkerOptions:
       replicas: How many workers run the stage, each a replica of its engine (a
           process, a task or a Ray actor, as ``backend`` says). To the orchestrator
           they are one stage: each request runs on one replica per stage, chosen
-          when it is admitted, for its whole life. Each replica is supervised on its
+          when it is admitted (in forward mode, when it reaches the stage), for its
+          whole life. Each replica is supervised on its
           own (``restart`` and ``max_restarts`` count per replica, and its death
           fails only its requests); the stage dies when no replica is alive and
           none will restart.

@@ -92,22 +92,6 @@ class Placement:
             placed = self._requests[request_id] = _Placed(replicas)
         return placed.replicas
 
-    def replica(self, request_id: str, stage_id: int) -> int | None:
-        """Its replica at ``stage_id`` (``None``: it is not placed)."""
-        placed = self._requests.get(request_id)
-        return None if placed is None else placed.replicas.get(stage_id, 0)
-
-    def move(self, request_id: str, stage_id: int) -> int:
-        """Place the request again at ``stage_id`` (not submitted there yet: its
-        replica there died), and give its count back where it was."""
-        placed = self._requests[request_id]
-        pool = self._pools[stage_id]
-        if stage_id in placed.open:
-            pool.unchoose(placed.replicas[stage_id])
-        replica = placed.replicas[stage_id] = pool.choose()
-        placed.open.add(stage_id)
-        return replica
-
     def submitted(self, request_id: str, stage_id: int) -> None:
         """The request is being submitted at ``stage_id``: its reservation there ends
         (the replica's worker counts it now), and it stays placed until its release

@@ -156,6 +156,33 @@ STAGE_TABLES = ("in_flight", "submits_waiting", "worker_requests", *WORKER_TABLE
 
 
 @final
+class _Balancer:
+    """A pool's replicas as its placement chooses among them (a ``Balancer``), as
+    ``balance`` says: among those with a worker; while none has one, among those that
+    will (restarting)."""
+
+    def __init__(self, replicas: Sequence[Replica], balance: str) -> None:
+        self._replicas = replicas
+        self._balance = balance
+        self._turn = -1  # round_robin's last choice
+
+    def choose(self) -> int:
+        replicas = self._replicas
+        live = [replica.worker is not None for replica in replicas]
+        if not any(live):
+            live = [replica.death_cause is None for replica in replicas]
+        if self._balance == "round_robin":
+            index = self._turn = choose_round_robin(live, self._turn)
+        else:
+            index = choose_least_loaded(live, [replica.load for replica in replicas])
+        replicas[index].reserved += 1
+        return index
+
+    def unchoose(self, replica: int) -> None:
+        self._replicas[replica].reserved -= 1
+
+
+@final
 class ProcessStage(metaclass=NoPublicConstructor):
     """A :class:`~omni_trio.Stage` backed by workers -- processes of their own, tasks
     of this Trio run, or Ray actors --; get one from :func:`open_process_stage`,
@@ -219,10 +246,9 @@ class ProcessStage(metaclass=NoPublicConstructor):
         #: Where its requests run: shared with the stages it streams with.
         self._placement = Placement() if connector is None else connector.placement
         if pooled:
-            self._placement.add_pool(stage_id, self)
+            self._placement.add_pool(stage_id, _Balancer(self._replicas, options.balance))
         self._targets = () if connector is None else connector.targets(stage_id)
         self._runs: dict[str, Replica] = {}  # placed here, not released: its replica
-        self._turn = -1  # round_robin's last choice
 
     def __repr__(self) -> str:
         where = f"pid={self.pid}" if self.options.backend == "process" else self.options.backend
@@ -325,39 +351,13 @@ class ProcessStage(metaclass=NoPublicConstructor):
                 await worker.refresh()
         return self.statistics()
 
-    # -- choosing a replica (the placement's Balancer) --------------------------------
-
-    def choose(self) -> int:
-        """A replica for a new request, as ``options.balance`` says: among those with
-        a worker; while none has one, among those that will (restarting)."""
-        replicas = self._replicas
-        live = [replica.worker is not None for replica in replicas]
-        if not any(live):
-            live = [replica.death_cause is None for replica in replicas]
-        if self.options.balance == "round_robin":
-            index = self._turn = choose_round_robin(live, self._turn)
-        else:
-            index = choose_least_loaded(live, [replica.load for replica in replicas])
-        replicas[index].reserved += 1
-        return index
-
-    def unchoose(self, replica: int) -> None:
-        self._replicas[replica].reserved -= 1
+    # -- where a request runs -----------------------------------------------------------
 
     def _replica_of(self, request_id: str, placed: dict[int, int]) -> Replica:
-        """The request's replica here, from its placement; a request not yet
-        submitted here whose replica has no worker (dead, or restarting) while
-        another has one moves, if nothing streams to it."""
+        """The request's replica here, from its placement."""
         replica = self._runs.get(request_id)
         if replica is None:
-            replica = self._replicas[placed.get(self.stage_id, 0)]
-            if (
-                replica.worker is None
-                and self._connector is None
-                and any(other.worker is not None for other in self._replicas)
-            ):
-                replica = self._replicas[self._placement.move(request_id, self.stage_id)]
-            self._runs[request_id] = replica
+            replica = self._runs[request_id] = self._replicas[placed.get(self.stage_id, 0)]
         return replica
 
     # -- the Stage protocol -----------------------------------------------------------
