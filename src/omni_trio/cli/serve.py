@@ -18,6 +18,7 @@ from ._common import (
     pipeline_options,
     port,
     positive_int,
+    positive_number,
     seconds,
 )
 
@@ -34,8 +35,9 @@ def add_parser(commands: Commands) -> None:
         "serve",
         help="an OpenAI-compatible streaming server for a pipeline (the serve extra)",
         description="Serve PIPELINE (a TOML config, or a shipped one: 'demo', the default, "
-        "or 'speech') over HTTP: "
-        "POST /v1/chat/completions (streamed or not, text and audio), GET /v1/models, "
+        "'speech' or 'voice') over HTTP: "
+        "POST /v1/chat/completions (streamed or not, text and audio), the Realtime API's "
+        "WebSocket /v1/realtime (voice in and out, barge-in), GET /v1/models, "
         "/health, /metrics. SIGTERM drains: requests in flight finish within "
         "shutdown_grace, new ones get 503. See docs/serving.md.",
     )
@@ -63,6 +65,42 @@ def add_parser(commands: Commands) -> None:
         metavar="SECONDS",
         help="a client that leaves the server's writes unread this long (its socket open, "
         "its receive window shut) is disconnected (default 75; 0: never)",
+    )
+    realtime = serve.add_argument_group("realtime sessions (/v1/realtime, see docs/voice.md)")
+    realtime.add_argument(
+        "--realtime-max-sessions",
+        type=positive_int,
+        default=16,
+        metavar="N",
+        help="sessions at once; the next upgrade gets 503 (default 16)",
+    )
+    realtime.add_argument(
+        "--realtime-max-buffer-seconds",
+        type=positive_number,
+        default=60.0,
+        metavar="SECONDS",
+        help="the input audio a session may buffer uncommitted (default 60)",
+    )
+    realtime.add_argument(
+        "--realtime-max-event-bytes",
+        type=positive_int,
+        default=1024 * 1024,
+        metavar="N",
+        help="the largest client event (default 1 MiB)",
+    )
+    realtime.add_argument(
+        "--realtime-idle-timeout",
+        type=positive_number,
+        default=300.0,
+        metavar="SECONDS",
+        help="a session with no client event this long (and no response streaming) is "
+        "closed (default 300)",
+    )
+    realtime.add_argument(
+        "--no-realtime-speculation",
+        dest="realtime_speculate",
+        action="store_false",
+        help="recognise a turn only once the VAD ends it, not from the start of its silence",
     )
     pipeline_options(serve, grace="how long a drain lets requests in flight run")
     serve.set_defaults(run=_serve, check=_check)
@@ -128,10 +166,20 @@ async def _serve_main(
     import trio
 
     from .._errors import unwrap_single_exception
-    from ..serve import app_for_config, serve
+    from ..serve import RealtimeOptions, app_for_config, serve
 
+    realtime = RealtimeOptions(
+        max_sessions=args.realtime_max_sessions,
+        max_buffer_seconds=args.realtime_max_buffer_seconds,
+        max_event_bytes=args.realtime_max_event_bytes,
+        idle_timeout=args.realtime_idle_timeout,
+        speculate=args.realtime_speculate,
+    )
     app = app_for_config(
-        config, max_waiting=args.max_waiting, max_request_bytes=args.max_request_bytes
+        config,
+        max_waiting=args.max_waiting,
+        max_request_bytes=args.max_request_bytes,
+        realtime=realtime,
     )
     # The server's error as it is (a WorkerStartError: one line), not in a group.
     with unwrap_single_exception():

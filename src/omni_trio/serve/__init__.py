@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from ._app import DEFAULT_MAX_REQUEST_BYTES as DEFAULT_MAX_REQUEST_BYTES
     from ._app import DEFAULT_MAX_WAITING as DEFAULT_MAX_WAITING
     from ._app import OpenPipeline as OpenPipeline
+    from ._app import RealtimeOptions as RealtimeOptions
     from ._app import ServedPipeline as ServedPipeline
     from ._app import app_for_config as app_for_config
     from ._app import create_app as create_app
@@ -29,6 +30,7 @@ _EXPORTS = {
         "DEFAULT_MAX_REQUEST_BYTES",
         "DEFAULT_MAX_WAITING",
         "OpenPipeline",
+        "RealtimeOptions",
         "ServedPipeline",
         "app_for_config",
         "create_app",

@@ -18,7 +18,7 @@ import base64
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -56,7 +56,7 @@ _HOLE_JSON = encode(_HOLE)
 class Plan:
     """A checked chat request, ready to run."""
 
-    prompt: str
+    prompt: Any  # text, or (a pipeline that listens) an utterance
     outputs: tuple[FinalOutput, ...]
     stream: bool
     include_usage: bool
@@ -64,9 +64,11 @@ class Plan:
     token_limit: int | None
 
     @classmethod
-    def of(cls, request: ChatCompletionRequest, outputs: tuple[FinalOutput, ...]) -> Plan:
+    def of(
+        cls, request: ChatCompletionRequest, outputs: tuple[FinalOutput, ...], *, listens: bool
+    ) -> Plan:
         return cls(
-            prompt=request.prompt(),
+            prompt=request.prompt(listens=listens),
             outputs=outputs,
             stream=request.stream,
             include_usage=request.stream_options is not None
@@ -248,7 +250,10 @@ class Answer:
         return b"data: " + encode(chunk) + b"\n\n"
 
     def _usage(self) -> Usage:
-        prompt = len(self._plan.prompt.split())
+        prompt = self._plan.prompt
+        if isinstance(prompt, dict):
+            prompt = prompt.get("text") or ""
+        prompt = len(str(prompt).split())
         return Usage(prompt, self._tokens, prompt + self._tokens)
 
     def closing(self) -> bytes:

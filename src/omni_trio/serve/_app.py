@@ -26,6 +26,7 @@ from ._chat import ChatResponse, send_json
 from ._metrics import CONTENT_TYPE
 from ._model import ServedModel
 from ._protocol import Model, ModelList, OpenAIError, decode_request, encode
+from ._realtime import RealtimeEndpoint, RealtimeOptions
 from ._state import OutputsHook, ServerState
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ __all__ = [
     "DEFAULT_MAX_REQUEST_BYTES",
     "DEFAULT_MAX_WAITING",
     "OpenPipeline",
+    "RealtimeOptions",
     "ServedPipeline",
     "app_for_config",
     "create_app",
@@ -46,6 +48,7 @@ __all__ = [
 #: Requests that may wait for a ``max_in_flight`` slot before more get 503.
 DEFAULT_MAX_WAITING = 64
 _CHAT_PATH = "/v1/chat/completions"
+_REALTIME_PATH = "/v1/realtime"
 
 
 class ServedPipeline(Protocol):
@@ -78,8 +81,10 @@ def create_app(
     max_waiting: int = DEFAULT_MAX_WAITING,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     on_outputs: OutputsHook | None = None,
+    realtime: RealtimeOptions | None = None,
 ) -> Starlette:
-    """An OpenAI-compatible ASGI app serving ``model``.
+    """An OpenAI-compatible ASGI app serving ``model``: chat completions, and the
+    Realtime API's WebSocket at ``/v1/realtime`` (see ``docs/voice.md``).
 
     Args:
       model: The name clients ask for and the pipeline's final outputs.
@@ -97,6 +102,8 @@ def create_app(
           becomes SSE events or part of a whole answer): a hook for timing what
           happens after, as ``tools/bench_serve.py`` does. It must not block, and
           what it raises fails the response.
+      realtime: The limits of ``/v1/realtime`` sessions (the defaults of
+          :class:`RealtimeOptions` if ``None``).
 
     Raises:
       ValueError: ``max_waiting`` is negative, or ``max_request_bytes`` is not
@@ -106,6 +113,7 @@ def create_app(
         raise ValueError(f"max_waiting must be an integer >= 0, got {max_waiting!r}")
     check_positive_int("max_request_bytes", max_request_bytes)
     state = ServerState(model, max_waiting, on_outputs)
+    state.realtime = RealtimeEndpoint(state, realtime or RealtimeOptions())
     created = int(time.time())
 
     @asynccontextmanager
@@ -152,7 +160,8 @@ def create_app(
                 param="model",
                 code="model_not_found",
             )
-        return Plan.of(chat_request, model.select(chat_request.modalities))
+        outputs = model.select(chat_request.modalities)
+        return Plan.of(chat_request, outputs, listens=model.hearing is not None)
 
     class Chat:
         """The chat endpoint, as a plain ASGI app (Starlette calls it as it is): it
@@ -176,6 +185,7 @@ def create_app(
     chat = Chat()
     app = _App(
         chat,
+        state.realtime,
         routes=[
             Route("/health", health, methods=["GET"]),
             Route("/v1/models", models, methods=["GET"]),
@@ -192,9 +202,10 @@ class _App(Starlette):
     """Starlette, with ``chat`` called ahead of its own middleware and router for
     ``POST /v1/chat/completions`` (what ``add_middleware`` adds wraps both)."""
 
-    def __init__(self, chat: ASGIApp, **options: Any) -> None:
+    def __init__(self, chat: ASGIApp, realtime: ASGIApp, **options: Any) -> None:
         super().__init__(**options)
         self._chat = chat
+        self._realtime = realtime
 
     def build_middleware_stack(self) -> ASGIApp:
         added, self.user_middleware = self.user_middleware, []
@@ -202,19 +213,21 @@ class _App(Starlette):
             rest = super().build_middleware_stack()
         finally:
             self.user_middleware = added
-        app: ASGIApp = _ChatFirst(self._chat, rest)
+        app: ASGIApp = _ChatFirst(self._chat, self._realtime, rest)
         for cls, args, kwargs in reversed(added):
             app = cls(app, *args, **kwargs)
         return app
 
 
 class _ChatFirst:
-    """``chat`` for ``POST /v1/chat/completions``; ``rest`` (Starlette's middleware
-    and router) for anything else. What the chat endpoint raises reaches the server
-    as it is (Hypercorn answers 500 if nothing was sent, and logs it)."""
+    """``chat`` for ``POST /v1/chat/completions``, ``realtime`` for the WebSocket
+    ``/v1/realtime``; ``rest`` (Starlette's middleware and router) for anything else.
+    What the chat endpoint raises reaches the server as it is (Hypercorn answers 500
+    if nothing was sent, and logs it)."""
 
-    def __init__(self, chat: ASGIApp, rest: ASGIApp) -> None:
+    def __init__(self, chat: ASGIApp, realtime: ASGIApp, rest: ASGIApp) -> None:
         self._chat = chat
+        self._realtime = realtime
         self._rest = rest
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -225,6 +238,12 @@ class _ChatFirst:
             and not scope.get("root_path")
         ):
             await self._chat(scope, receive, send)
+        elif (
+            scope["type"] == "websocket"
+            and scope["path"] == _REALTIME_PATH
+            and not scope.get("root_path")
+        ):
+            await self._realtime(scope, receive, send)
         else:
             await self._rest(scope, receive, send)
 
@@ -241,6 +260,7 @@ def app_for_config(
     max_waiting: int = DEFAULT_MAX_WAITING,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     on_outputs: OutputsHook | None = None,
+    realtime: RealtimeOptions | None = None,
 ) -> Starlette:
     """:func:`create_app` for a pipeline config: its lifespan runs the config's
     pipeline (:func:`omni_trio.open_pipeline`)."""
@@ -252,4 +272,5 @@ def app_for_config(
         max_waiting=max_waiting,
         max_request_bytes=max_request_bytes,
         on_outputs=on_outputs,
+        realtime=realtime,
     )

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FinalOutput", "ServedModel"]
 
-Modality = Literal["text", "audio"]
+Modality = Literal["text", "audio", "transcript"]
 
 
 @final
@@ -25,8 +25,9 @@ class FinalOutput:
 
     Attributes:
       stage_id: The stage.
-      modality: ``"text"`` (its outputs are text deltas, ``str``) or ``"audio"`` (its
-          outputs are 16-bit mono little-endian PCM, ``bytes``).
+      modality: ``"text"`` (its outputs are text deltas, ``str``), ``"audio"`` (its
+          outputs are 16-bit mono little-endian PCM, ``bytes``) or ``"transcript"``
+          (a listening stage's: the user's words, ``str``; not part of an answer).
       label: Its name in metrics and messages.
       sample_rate: Hz of an audio stage's PCM.
     """
@@ -59,8 +60,8 @@ class ServedModel:
     outputs: tuple[FinalOutput, ...] = attrs.field(converter=_as_tuple)
 
     def __attrs_post_init__(self) -> None:
-        if not self.outputs:
-            raise ValueError("a served model needs at least one final output")
+        if not self.answers:
+            raise ValueError("a served model needs at least one final text or audio output")
 
     @classmethod
     def from_config(cls, config: PipelineConfig) -> ServedModel:
@@ -75,7 +76,20 @@ class ServedModel:
 
     @property
     def modalities(self) -> list[Modality]:
-        return sorted({o.modality for o in self.outputs})
+        """What an answer can hold: ``"text"``, ``"audio"`` (not the transcript of
+        what the model heard)."""
+        return sorted({o.modality for o in self.answers})
+
+    @property
+    def answers(self) -> tuple[FinalOutput, ...]:
+        """The final outputs that make an answer: all but transcripts."""
+        return tuple(o for o in self.outputs if o.modality != "transcript")
+
+    @property
+    def hearing(self) -> FinalOutput | None:
+        """The listening stage's output (a pipeline whose first stage listens has one:
+        it takes audio in), or ``None``."""
+        return next((o for o in self.outputs if o.modality == "transcript"), None)
 
     def select(self, modalities: Iterable[str] | None) -> tuple[FinalOutput, ...]:
         """The final outputs a request's ``modalities`` asks for (``None``: all).
@@ -84,7 +98,7 @@ class ServedModel:
           OpenAIError: 400, a modality that is unknown or that this model lacks.
         """
         if modalities is None:
-            return self.outputs
+            return self.answers
         wanted = list(modalities)
         if not wanted:
             raise OpenAIError(400, "modalities must not be empty", param="modalities")
@@ -102,4 +116,4 @@ class ServedModel:
                     f"(it has: {', '.join(self.modalities)})",
                     param="modalities",
                 )
-        return tuple(o for o in self.outputs if o.modality in wanted)
+        return tuple(o for o in self.answers if o.modality in wanted)

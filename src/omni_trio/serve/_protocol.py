@@ -10,8 +10,12 @@ it has, as OpenAI's do.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import io
 import re
-from typing import Annotated, Literal
+import wave
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -27,6 +31,8 @@ __all__ = [
     "Delta",
     "ErrorBody",
     "ErrorResponse",
+    "InputAudio",
+    "InputAudioPart",
     "Message",
     "MessageAudio",
     "Metrics",
@@ -100,21 +106,83 @@ class ErrorResponse(msgspec.Struct):
 
 
 class TextPart(msgspec.Struct, tag_field="type", tag="text"):
-    """``{"type": "text", "text": ...}``: the one content part type we take."""
+    """``{"type": "text", "text": ...}``."""
 
     text: str
 
 
+#: The rate of ``"pcm16"`` input audio (an extension; OpenAI's own is 24 kHz too).
+PCM16_RATE = 24_000
+
+
+class InputAudio(msgspec.Struct):
+    data: str  # base64
+    format: str
+
+
+class InputAudioPart(msgspec.Struct, tag_field="type", tag="input_audio"):
+    """``{"type": "input_audio", "input_audio": {"data": base64, "format": "wav"}}``;
+    ``"pcm16"`` (16-bit mono at 24 kHz) is an extension. Only a pipeline that
+    listens takes it."""
+
+    input_audio: InputAudio
+
+    def pcm(self, param: str) -> tuple[bytes, int]:
+        """The part's 16-bit mono PCM and its rate.
+
+        Raises:
+          OpenAIError: 400, naming ``param``: not base64, an unknown format, a WAV
+              that is not 16-bit mono PCM.
+        """
+        try:
+            data = base64.b64decode(self.input_audio.data, validate=True)
+        except (binascii.Error, ValueError):
+            raise OpenAIError(400, f"{param}.data: not base64", param=f"{param}.data") from None
+        fmt = self.input_audio.format
+        if fmt == "pcm16":
+            if len(data) % 2:
+                raise OpenAIError(
+                    400, f"{param}.data: not whole 16-bit samples", param=f"{param}.data"
+                )
+            return data, PCM16_RATE
+        if fmt != "wav":
+            raise OpenAIError(
+                400,
+                f"{param}.format: {fmt!r} is not served: 'wav' (16-bit mono PCM) or 'pcm16' "
+                "(16-bit mono at 24000 Hz)",
+                param=f"{param}.format",
+            )
+        try:
+            with wave.open(io.BytesIO(data)) as wav:
+                if wav.getsampwidth() != 2 or wav.getnchannels() != 1:
+                    raise OpenAIError(
+                        400,
+                        f"{param}.data: the WAV is {wav.getnchannels()} channel(s) of "
+                        f"{8 * wav.getsampwidth()}-bit audio: 16-bit mono PCM only",
+                        param=f"{param}.data",
+                    )
+                return wav.readframes(wav.getnframes()), wav.getframerate()
+        except (wave.Error, EOFError) as exc:
+            raise OpenAIError(
+                400, f"{param}.data: not a WAV file: {exc}", param=f"{param}.data"
+            ) from None
+
+
 class ChatMessage(msgspec.Struct):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart | InputAudioPart] | None = None
 
     def text(self) -> str:
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if isinstance(part, TextPart))
+
+    def audio_parts(self) -> list[tuple[int, InputAudioPart]]:
+        if not isinstance(self.content, list):
+            return []
+        return [(i, p) for i, p in enumerate(self.content) if isinstance(p, InputAudioPart)]
 
 
 class AudioParams(msgspec.Struct):
@@ -143,14 +211,59 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
         """``max_completion_tokens``, or the older ``max_tokens``."""
         return self.max_completion_tokens or self.max_tokens
 
-    def prompt(self) -> str:
-        """The text of the last user message: what the pipeline's first stage gets."""
-        for message in reversed(self.messages):
-            if message.role == "user":
-                text = message.text()
+    def prompt(self, *, listens: bool = False) -> Any:
+        """What the pipeline's first stage gets: the text of the last user message;
+        for a pipeline that listens, an utterance (``omni_trio.speech.utterance``'s
+        shape): the last user message's audio (or text), and the messages before
+        it as context.
+
+        Raises:
+          OpenAIError: 400: no user message, one with nothing in it, audio for a
+              pipeline that cannot listen (naming the part), or bad audio.
+        """
+        for index, message in enumerate(self.messages):
+            for part, _ in message.audio_parts():
+                if not listens:
+                    where = f"messages[{index}].content[{part}]"
+                    raise OpenAIError(
+                        400,
+                        f"{where}: this model cannot listen (its pipeline has no listening "
+                        "stage): send text",
+                        param=where,
+                    )
+        for index in range(len(self.messages) - 1, -1, -1):
+            message = self.messages[index]
+            if message.role != "user":
+                continue
+            text = message.text()
+            parts = message.audio_parts()
+            if not listens:
                 if not text.strip():
                     raise OpenAIError(400, "the last user message has no text", param="messages")
                 return text
+            context = [
+                {"role": m.role, "text": m.text()}
+                for m in self.messages[:index]
+                if m.role in ("user", "assistant") and m.text().strip()
+            ]
+            if not parts:
+                if not text.strip():
+                    raise OpenAIError(400, "the last user message has no text", param="messages")
+                return {"text": text, "context": context}
+            if text.strip():  # text beside the audio: said just before it
+                context.append({"role": "user", "text": text})
+            pcm, rate = b"", None
+            for part, audio in parts:
+                where = f"messages[{index}].content[{part}].input_audio"
+                data, part_rate = audio.pcm(where)
+                if rate is not None and part_rate != rate:
+                    raise OpenAIError(
+                        400,
+                        f"{where}: at {part_rate} Hz, the parts before at {rate} Hz",
+                        param=where,
+                    )
+                pcm, rate = pcm + data, part_rate
+            return {"audio": pcm, "sample_rate": rate, "context": context}
         raise OpenAIError(400, "messages has no message with role 'user'", param="messages")
 
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .._orchestrator import Orchestrator
     from ._answer import Plan
     from ._model import ServedModel
+    from ._realtime import RealtimeEndpoint
 
 __all__ = ["OutputsHook", "ServerState", "ServerStatistics", "Ticket"]
 
@@ -74,6 +75,8 @@ class ServerState:
     tickets: set[Ticket] = attrs.field(factory=set)
     #: Why the lifespan failed to start the pipeline, if it did.
     startup_error: Exception | None = None
+    #: ``/v1/realtime``'s sessions (set by :func:`create_app`).
+    realtime: RealtimeEndpoint | None = None
 
     def __attrs_post_init__(self) -> None:
         self.metrics = ServerMetrics(
@@ -146,7 +149,10 @@ class ServerState:
                 histogram.observe(first)
 
     def cancel_all(self) -> None:
-        """End every chat request being handled (a drain's grace ran out)."""
+        """End every chat request and realtime session being handled (a drain's
+        grace ran out)."""
+        if self.realtime is not None:
+            self.realtime.stop_all()
         for ticket in self.tickets:
             ticket.stopped = True
             if ticket.cancel_scope is not None:
