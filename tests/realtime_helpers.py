@@ -1,0 +1,199 @@
+"""A scripted listening pipeline behind the real server's ``/v1/realtime``, and a
+WebSocket client for it.
+
+:func:`realtime_server` serves three :class:`ScriptedStage` stages: listen (stage 0,
+``"transcript"``: it "hears" an utterance as ``"<N> ms of audio"``, or its text as
+it is), thinker (stage 1, text: :data:`WORDS` words about what it heard, one every
+``word_seconds``) and code2wav (stage 2, 24 kHz audio: a chunk per word). Each stage
+records its submits and aborts, so a test can see every stage's abort of a
+cancelled response.
+
+The client is ``websockets``' own synchronous one, run in a thread
+(:func:`talk`), so the server keeps running in the test's Trio loop.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+import attrs
+import trio
+from websockets.sync.client import ClientConnection, connect
+
+from omni_trio import open_orchestrator
+from omni_trio.serve import FinalOutput, RealtimeOptions, ServedModel, create_app, serve
+from omni_trio.testing import ScriptedStage
+
+MODEL = "omni-listening-scripted"
+HEARD = FinalOutput(0, "transcript", "listen")
+TEXT = FinalOutput(1, "text", "thinker")
+AUDIO = FinalOutput(2, "audio", "code2wav", 24_000)
+WORDS = 12
+#: A chunk of audio per word: 100 ms at 24 kHz.
+WORD_AUDIO = b"\x01\x00" * 2400
+
+
+def heard(utterance: Any) -> str:
+    """What the scripted listen stage hears in an utterance."""
+    if isinstance(utterance, dict) and "audio" in utterance:
+        return f"{len(utterance['audio']) // 48} ms of audio"
+    if isinstance(utterance, dict):
+        return str(utterance["text"])
+    return str(utterance)
+
+
+def answer_words(transcript: str) -> list[str]:
+    return [f"{transcript.split()[0] if transcript else 'x'}{i} " for i in range(WORDS)]
+
+
+@attrs.define
+class Script:
+    """Plays every request at the three stages; records submits and aborts."""
+
+    nursery: trio.Nursery
+    word_seconds: float = 0.0
+    stages: list[ScriptedStage] = attrs.field(factory=list)
+    prompts: dict[str, Any] = attrs.field(factory=dict)
+    aborts: defaultdict[str, set[int]] = attrs.field(factory=lambda: defaultdict(set))
+    aborted: trio.Event = attrs.field(factory=trio.Event)
+
+    def __attrs_post_init__(self) -> None:
+        self.stages = [
+            ScriptedStage(on_submit=partial(self._submitted, i), on_abort=partial(self._aborted, i))
+            for i in range(3)
+        ]
+
+    async def _submitted(self, stage_id: int, rid: str, inputs: Any) -> None:
+        if stage_id == 0:
+            self.prompts[rid] = inputs
+            self.nursery.start_soon(self._play, rid, inputs)
+        await trio.lowlevel.checkpoint()
+
+    async def _aborted(self, stage_id: int, rid: str) -> None:
+        self.aborts[rid].add(stage_id)
+        if len(self.aborts[rid]) == 3:
+            self.aborted.set()
+        await trio.lowlevel.checkpoint()
+
+    async def _play(self, rid: str, utterance: Any) -> None:
+        listen, thinker, code2wav = self.stages
+        transcript = heard(utterance)
+        try:
+            await listen.emit(rid, transcript, finished=True)
+            for word in answer_words(transcript):
+                if self.word_seconds:
+                    await trio.sleep(self.word_seconds)
+                if rid in self.aborts:
+                    return
+                await thinker.emit(rid, word)
+                await code2wav.emit(rid, WORD_AUDIO)
+            await thinker.emit(rid, None, finished=True)
+            await code2wav.emit(rid, None, finished=True)
+        except Exception:  # noqa: BLE001 -- the request ended under it: nothing to play
+            return
+
+    def fully_aborted(self) -> list[str]:
+        """The requests every stage was told to abort."""
+        return [rid for rid, stages in self.aborts.items() if stages == {0, 1, 2}]
+
+
+@attrs.define
+class RealtimeServer:
+    url: str
+    script: Script
+    app: Any
+
+    def ws_url(self, model: str = MODEL) -> str:
+        return self.url.replace("http://", "ws://") + f"/v1/realtime?model={model}"
+
+
+@asynccontextmanager
+async def realtime_server(
+    *,
+    options: RealtimeOptions | None = None,
+    word_seconds: float = 0.0,
+    outputs: tuple[FinalOutput, ...] = (HEARD, TEXT, AUDIO),
+) -> AsyncIterator[RealtimeServer]:
+    async with trio.open_nursery() as nursery:
+        script = Script(nursery, word_seconds)
+
+        @asynccontextmanager
+        async def open_pipeline() -> AsyncIterator[Any]:
+            async with open_orchestrator(
+                script.stages,
+                {o.stage_id for o in outputs},
+                prewarm_fn=lambda stage_id, prompt: None,
+            ) as orchestrator:
+                yield attrs.make_class("P", ["orchestrator", "stages"])(orchestrator, script.stages)
+
+        app = create_app(ServedModel(MODEL, outputs), open_pipeline, realtime=options)
+        url = await nursery.start(partial(serve, app, port=0))
+        yield RealtimeServer(url, script, app)
+        nursery.cancel_scope.cancel()
+
+
+class Client:
+    """A session from the client's side: send events, read them (with a deadline)."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+        self.events: list[dict[str, Any]] = []
+        self._ids = 0
+
+    def send(self, type: str, **fields: Any) -> str:
+        self._ids += 1
+        event_id = f"c{self._ids}"
+        self.ws.send(json.dumps({"type": type, "event_id": event_id, **fields}))
+        return event_id
+
+    def send_raw(self, frame: str | bytes) -> None:
+        self.ws.send(frame)
+
+    def append(self, pcm: bytes, chunk_ms: int = 20) -> None:
+        step = 48 * chunk_ms
+        for start in range(0, len(pcm), step):
+            self.send("input_audio_buffer.append", audio=b64(pcm[start : start + step]))
+
+    def recv(self, timeout: float = 10.0) -> dict[str, Any]:
+        event = json.loads(self.ws.recv(timeout=timeout))
+        event["_at"] = time.monotonic()
+        self.events.append(event)
+        return event
+
+    def until(self, type: str, timeout: float = 10.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            event = self.recv(max(0.01, deadline - time.monotonic()))
+            if event["type"] == type:
+                return event
+
+    def of(self, type: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["type"] == type]
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+async def talk(url: str, script: Callable[[Client], Any]) -> Any:
+    """Run ``script(client)`` against a new session, in a thread."""
+
+    def run() -> Any:
+        with connect(url, max_size=None) as ws:
+            client = Client(ws)
+            assert client.recv()["type"] == "session.created"
+            client.events.clear()
+            return script(client)
+
+    return await trio.to_thread.run_sync(run)
+
+
+def quiet(ms: int) -> bytes:
+    return b"\x00\x00" * (24 * ms)

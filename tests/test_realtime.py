@@ -1,0 +1,398 @@
+"""``/v1/realtime`` over the real server, driven by ``websockets``' client: the
+conversation, the events' order, bad client events, the limits, and cancellation --
+``response.cancel``, a socket closed mid-answer and (with server VAD, the voice
+extra) barge-in -- each aborting the response at every stage. The stages are
+scripted (tests/realtime_helpers.py): what is checked here is the server.
+The real pipeline, Whisper and the ``openai`` client are tests/test_voice.py's."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import wave
+
+import httpx
+import pytest
+import trio
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
+
+from omni_trio.serve import RealtimeOptions
+from realtime_helpers import (
+    MODEL,
+    WORDS,
+    Client,
+    answer_words,
+    b64,
+    quiet,
+    realtime_server,
+    talk,
+)
+
+DELTAS = ("response.output_audio.delta", "response.output_audio_transcript.delta")
+
+
+def say(client: Client, text: str) -> None:
+    client.send(
+        "conversation.item.create",
+        item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]},
+    )
+
+
+def manual(client: Client, **session: object) -> None:
+    client.send(
+        "session.update",
+        session={"type": "realtime", "audio": {"input": {"turn_detection": None}}, **session},
+    )
+    client.until("session.updated")
+
+
+async def test_a_typed_turn_is_answered_in_order() -> None:
+    async with realtime_server() as server:
+
+        def script(client: Client) -> list[dict]:
+            say(client, "hello there")
+            client.send("response.create")
+            client.until("response.done")
+            return client.events
+
+        events = await talk(server.ws_url(), script)
+    kinds = [e["type"] for e in events]
+    assert kinds[:2] == ["conversation.item.added", "conversation.item.done"]
+    assert kinds[2:5] == [
+        "response.created",
+        "response.output_item.added",
+        "conversation.item.added",
+    ]
+    assert kinds[-1] == "response.done"
+    assert events[-1]["response"]["status"] == "completed"
+    text = "".join(e["delta"] for e in events if e["type"] == DELTAS[1])
+    assert text == "".join(answer_words("hello there"))
+    audio = b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == DELTAS[0])
+    assert len(audio) == WORDS * 4800
+    done = next(e for e in events if e["type"] == "response.output_audio_transcript.done")
+    assert done["transcript"] == text
+    # every delta names the response and its item
+    response_id = events[2]["response"]["id"]
+    assert {e["response_id"] for e in events if e["type"] in DELTAS} == {response_id}
+
+
+async def test_text_modality_gets_text_events_only() -> None:
+    async with realtime_server() as server:
+
+        def script(client: Client) -> list[dict]:
+            client.send(
+                "session.update", session={"type": "realtime", "output_modalities": ["text"]}
+            )
+            client.until("session.updated")
+            say(client, "plain")
+            client.send("response.create")
+            client.until("response.done")
+            return client.events
+
+        events = await talk(server.ws_url(), script)
+    kinds = {e["type"] for e in events}
+    assert "response.output_text.delta" in kinds
+    assert not kinds & set(DELTAS)
+    assert server.script.prompts  # the request was made
+
+
+async def test_a_committed_turn_is_heard_then_answered() -> None:
+    async with realtime_server() as server:
+
+        def script(client: Client) -> list[dict]:
+            manual(client)
+            client.append(quiet(500))
+            client.send("input_audio_buffer.commit")
+            client.until("conversation.item.added")
+            client.send("response.create")
+            client.until("response.done")
+            return client.events
+
+        events = await talk(server.ws_url(), script)
+    heard = next(
+        e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"
+    )
+    assert heard["transcript"] == "500 ms of audio"
+    committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
+    assert heard["item_id"] == committed["item_id"]
+    (prompt,) = server.script.prompts.values()
+    assert prompt["sample_rate"] == 24_000 and len(prompt["audio"]) == 500 * 48
+
+
+async def test_the_conversation_is_the_context_and_truncation_cuts_it() -> None:
+    async with realtime_server() as server:
+
+        def script(client: Client) -> None:
+            say(client, "first")
+            client.send("response.create")
+            done = client.until("response.done")
+            item = done["response"]["output"][0]["id"]
+            # the client played a quarter of the answer's audio
+            client.send(
+                "conversation.item.truncate",
+                item_id=item,
+                content_index=0,
+                audio_end_ms=WORDS * 100 // 4,
+            )
+            truncated = client.until("conversation.item.truncated")
+            assert truncated["item_id"] == item
+            say(client, "second")
+            client.send("response.create")
+            client.until("response.done")
+
+        await talk(server.ws_url(), script)
+    first, second = server.script.prompts.values()
+    assert first["context"] == []
+    heard_words = "".join(answer_words("first")).split()[: WORDS // 4]
+    assert second["context"] == [
+        {"role": "user", "text": "first"},
+        {"role": "assistant", "text": " ".join(heard_words)},
+    ]
+    assert second["text"] == "second"
+
+
+async def test_response_cancel_aborts_every_stage_and_nothing_follows() -> None:
+    async with realtime_server(word_seconds=0.05) as server:
+
+        def script(client: Client) -> list[dict]:
+            say(client, "long")
+            client.send("response.create")
+            client.until(DELTAS[1])
+            client.send("response.cancel")
+            done = client.until("response.done")
+            assert done["response"]["status"] == "cancelled"
+            assert done["response"]["status_details"]["reason"] == "client_cancelled"
+            # the session goes on: a second response is answered
+            say(client, "again")
+            client.send("response.create")
+            client.until("response.done")
+            return client.events
+
+        events = await talk(server.ws_url(), script)
+        with trio.fail_after(5):
+            await server.script.aborted.wait()
+    first_done = next(i for i, e in enumerate(events) if e["type"] == "response.done")
+    first_id = events[first_done]["response"]["id"]
+    assert not [e for e in events[first_done:] if e.get("response_id") == first_id]
+    assert len(server.script.fully_aborted()) == 1
+    assert events[-1]["response"]["status"] == "completed"
+
+
+async def test_a_socket_closed_mid_answer_aborts_every_stage() -> None:
+    async with realtime_server(word_seconds=0.05) as server:
+
+        def script(client: Client) -> None:
+            say(client, "bye")
+            client.send("response.create")
+            client.until(DELTAS[1])
+
+        await talk(server.ws_url(), script)
+        with trio.fail_after(5):
+            await server.script.aborted.wait()
+        assert len(server.script.fully_aborted()) == 1
+        assert not server.app.state.omni_trio.realtime.sessions
+
+
+BAD_EVENTS = [
+    ("not json", "malformed", None, None),
+    (b"\x00binary", "binary", None, None),
+    ({"type": "no.such.event", "event_id": "e1"}, "unknown type", "e1", "type"),
+    ({"type": "conversation.item.truncate", "event_id": "e2"}, "missing field", "e2", None),
+    (
+        {"type": "input_audio_buffer.append", "event_id": "e3", "audio": "%%%"},
+        "not base64",
+        "e3",
+        "audio",
+    ),
+    (
+        {
+            "type": "session.update",
+            "event_id": "e4",
+            "session": {"type": "realtime", "audio": {"input": {"format": {"type": "audio/pcmu"}}}},
+        },
+        "audio format",
+        "e4",
+        "session.audio.input.format.type",
+    ),
+    (
+        {"type": "input_audio_buffer.append", "event_id": "e5", "audio": b64(quiet(1200))},
+        "over the buffer",
+        "e5",
+        "audio",
+    ),
+    ({"type": "response.cancel", "event_id": "e6"}, "nothing to cancel", "e6", None),
+    (
+        {"type": "response.create", "event_id": "e7", "response": {"output_modalities": ["video"]}},
+        "bad modality",
+        "e7",
+        "response.output_modalities[0]",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("frame", "why", "event_id", "param"), BAD_EVENTS, ids=[b[1] for b in BAD_EVENTS]
+)
+async def test_a_bad_client_event_gets_one_error_and_the_session_goes_on(
+    frame: object, why: str, event_id: str | None, param: str | None
+) -> None:
+    options = RealtimeOptions(max_buffer_seconds=1.0)
+    async with realtime_server(options=options) as server:
+
+        def script(client: Client) -> list[dict]:
+            manual(client)
+            client.send_raw(frame if isinstance(frame, (str, bytes)) else json.dumps(frame))
+            client.send("session.update", session={"type": "realtime"})
+            client.until("session.updated")
+            return client.events
+
+        events = await talk(server.ws_url(), script)
+    (error,) = [e for e in events if e["type"] == "error"]
+    assert events[-1]["type"] == "session.updated"
+    assert error["error"]["event_id"] == event_id
+    if param is not None:
+        assert error["error"]["param"] == param
+    assert error["error"]["message"]
+
+
+async def test_an_event_over_the_size_limit_is_refused_by_name() -> None:
+    async with realtime_server(options=RealtimeOptions(max_event_bytes=1000)) as server:
+
+        def script(client: Client) -> dict:
+            manual(client)
+            client.send("input_audio_buffer.append", audio=b64(quiet(100)))
+            return client.until("error")
+
+        error = await talk(server.ws_url(), script)
+    assert error["error"]["code"] == "event_too_large"
+    assert error["error"]["event_id"] == "c2"
+
+
+async def test_a_wrong_model_is_refused_and_closed() -> None:
+    async with realtime_server() as server:
+
+        def script() -> tuple[dict, int | None]:
+            with connect(server.ws_url("gpt-4o-realtime")) as ws:
+                event = json.loads(ws.recv(timeout=5))
+                with pytest.raises(ConnectionClosed):
+                    ws.recv(timeout=5)
+                return event, ws.close_code
+
+        event, code = await trio.to_thread.run_sync(script)
+    assert event["type"] == "error"
+    assert event["error"]["param"] == "model"
+    assert MODEL in event["error"]["message"]
+    assert code == 1008
+
+
+async def test_a_session_over_the_limit_is_refused_at_the_upgrade() -> None:
+    async with realtime_server(options=RealtimeOptions(max_sessions=1)) as server:
+
+        def script() -> int:
+            with connect(server.ws_url()) as first:
+                first.recv(timeout=5)
+                with pytest.raises(InvalidStatus) as refused:
+                    connect(server.ws_url())
+                return refused.value.response.status_code
+
+        assert await trio.to_thread.run_sync(script) == 503
+
+
+async def test_an_idle_session_is_told_and_closed() -> None:
+    async with realtime_server(options=RealtimeOptions(idle_timeout=0.3)) as server:
+
+        def script(client: Client) -> dict:
+            error = client.until("error")
+            with pytest.raises(ConnectionClosed):
+                client.recv(timeout=5)
+            return error
+
+        error = await talk(server.ws_url(), script)
+    assert error["error"]["code"] == "session_idle_timeout"
+
+
+async def test_sessions_are_isolated() -> None:
+    async with realtime_server(word_seconds=0.005) as server:
+        answers: dict[str, str] = {}
+
+        async def one(question: str) -> None:
+            def script(client: Client) -> str:
+                say(client, question)
+                client.send("response.create")
+                client.until("response.done")
+                return "".join(e["delta"] for e in client.of(DELTAS[1]))
+
+            answers[question] = await talk(server.ws_url(), script)
+
+        async with trio.open_nursery() as nursery:
+            for question in ("alpha one", "bravo two", "charlie three"):
+                nursery.start_soon(one, question)
+    assert answers == {q: "".join(answer_words(q)) for q in answers}
+
+
+# -- audio in chat completions ----------------------------------------------------------
+
+
+def wav_of(pcm: bytes, rate: int) -> bytes:
+    out = io.BytesIO()
+    with wave.open(out, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes(pcm)
+    return out.getvalue()
+
+
+def audio_message(data: bytes, fmt: str, text: str | None = None) -> dict:
+    content: list[dict] = [
+        {"type": "input_audio", "input_audio": {"data": b64(data), "format": fmt}}
+    ]
+    if text:
+        content.insert(0, {"type": "text", "text": text})
+    return {
+        "model": MODEL,
+        "modalities": ["text"],
+        "messages": [{"role": "user", "content": content}],
+    }
+
+
+@pytest.mark.parametrize("fmt", ["wav", "pcm16"])
+async def test_chat_completions_take_input_audio(fmt: str) -> None:
+    async with realtime_server() as server, httpx.AsyncClient() as http:
+        data = wav_of(quiet(300), 16_000) if fmt == "wav" else quiet(300)
+        reply = await http.post(f"{server.url}/v1/chat/completions", json=audio_message(data, fmt))
+    assert reply.status_code == 200, reply.text
+    (prompt,) = server.script.prompts.values()
+    assert prompt["sample_rate"] == (16_000 if fmt == "wav" else 24_000)
+    heard = "300 ms of audio" if fmt == "pcm16" else f"{len(prompt['audio']) // 48} ms of audio"
+    assert reply.json()["choices"][0]["message"]["content"] == "".join(answer_words(heard))
+
+
+@pytest.mark.parametrize(
+    ("data", "fmt", "param"),
+    [
+        (b"not a wav file", "wav", "messages[0].content[0].input_audio.data"),
+        (b"\x00" * 10, "mp3", "messages[0].content[0].input_audio.format"),
+        (b"\x00" * 3, "pcm16", "messages[0].content[0].input_audio.data"),
+    ],
+)
+async def test_bad_input_audio_is_a_400_naming_the_part(data: bytes, fmt: str, param: str) -> None:
+    async with realtime_server() as server, httpx.AsyncClient() as http:
+        reply = await http.post(f"{server.url}/v1/chat/completions", json=audio_message(data, fmt))
+    assert reply.status_code == 400
+    assert reply.json()["error"]["param"] == param
+
+
+async def test_a_pipeline_that_cannot_listen_refuses_input_audio() -> None:
+    from serve_helpers import MODEL as TEXT_MODEL
+    from serve_helpers import running_server
+
+    async with running_server() as server, httpx.AsyncClient() as http:
+        body = audio_message(quiet(100), "pcm16", text="what is this?")
+        body["model"] = TEXT_MODEL
+        reply = await http.post(server.chat_url(), json=body)
+    assert reply.status_code == 400
+    assert reply.json()["error"]["param"] == "messages[0].content[1]"
+    assert "cannot listen" in reply.json()["error"]["message"]
