@@ -194,7 +194,10 @@ async def test_a_socket_closed_mid_answer_aborts_every_stage() -> None:
         with trio.fail_after(5):
             await server.script.aborted.wait()
         assert len(server.script.fully_aborted()) == 1
-        assert not server.app.state.omni_trio.realtime.sessions
+        sessions = server.app.state.omni_trio.realtime.sessions
+        with trio.fail_after(5):
+            while sessions:  # the session's end follows its responses' aborts
+                await trio.sleep(0.01)  # noqa: ASYNC110
 
 
 BAD_EVENTS = [
@@ -453,7 +456,9 @@ async def test_server_vad_finds_the_turn_and_answers_it(speech: Callable[[str], 
     assert 0 <= started["audio_start_ms"] <= 250
     assert 300 + speech_ms - 400 <= stopped["audio_end_ms"] <= 300 + speech_ms + 100
     (heard,) = [e for e in events if e["type"].endswith("transcription.completed")]
-    (prompt,) = server.script.prompts.values()
+    # the answering request is the last (an earlier one may be a speculation that a
+    # pause cancelled: the comma's)
+    *_, prompt = server.script.prompts.values()
     assert heard["transcript"] == f"{len(prompt['audio']) // 48} ms of audio"
     assert len(prompt["audio"]) // 48 == stopped["audio_end_ms"] - started["audio_start_ms"]
     assert events[-1]["response"]["status"] == "completed"
