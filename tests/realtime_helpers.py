@@ -96,7 +96,7 @@ class Script:
                 await code2wav.emit(rid, WORD_AUDIO)
             await thinker.emit(rid, None, finished=True)
             await code2wav.emit(rid, None, finished=True)
-        except Exception:  # noqa: BLE001 -- the request ended under it: nothing to play
+        except Exception:  # the request ended under it: nothing more to play
             return
 
     def fully_aborted(self) -> list[str]:

@@ -196,8 +196,9 @@ async def test_a_socket_closed_mid_answer_aborts_every_stage() -> None:
         assert len(server.script.fully_aborted()) == 1
         sessions = server.app.state.omni_trio.realtime.sessions
         with trio.fail_after(5):
-            while sessions:  # the session's end follows its responses' aborts
-                await trio.sleep(0.01)  # noqa: ASYNC110
+            # the session's end follows its responses' aborts
+            while sessions:  # noqa: ASYNC110
+                await trio.sleep(0.01)
 
 
 BAD_EVENTS = [

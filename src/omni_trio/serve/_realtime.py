@@ -35,7 +35,7 @@ import trio
 
 from .._checks import check_positive_int, check_seconds
 from ._protocol import OpenAIError
-from ._realtime_conversation import AudioBuffer, Conversation, Item, ResponseEvents, Status
+from ._realtime_conversation import AudioBuffer, Conversation, Item, Out, ResponseEvents, Status
 from ._realtime_protocol import (
     SAMPLE_RATE,
     ConversationItemCreate,
@@ -103,6 +103,13 @@ class RealtimeOptions:
           responses wait for the client (a response's outputs then stay unread in the
           orchestrator, bounded by ``max_unread_bytes`` and ``consumer_idle_timeout``
           like any request's).
+      trace: Called as ``trace(session_id, what, ref)`` at each step of a turn and a
+          response, the moment the session takes it: ``"speech_started"``,
+          ``"silence_started"``, ``"speech_stopped"`` (``ref``: the turn's item id),
+          ``"response_started"``, ``"response_cancelled"``, ``"request_ended"`` (its
+          orchestrator request's block has exited: every stage was sent its abort),
+          ``"response_done"`` (``ref``: the response id). A hook for timing, as the
+          voice bench does; it must not block.
     """
 
     max_sessions: int = attrs.field(default=16, validator=_positive_int("max_sessions"))
@@ -115,6 +122,7 @@ class RealtimeOptions:
     idle_timeout: float = attrs.field(default=300.0, validator=_positive_seconds("idle_timeout"))
     speculate: bool = True
     outbox_bytes: int = attrs.field(default=1024 * 1024, validator=_positive_int("outbox_bytes"))
+    trace: Callable[[str, str, str], None] | None = None
 
 
 @attrs.define(eq=False)
@@ -123,7 +131,7 @@ class _Response:
     turn: Item | None  # the user item it answers
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     held: bool = False  # speculative: its events wait for the turn's commit
-    backlog: list[str] = attrs.field(factory=list)
+    backlog: list[Out] = attrs.field(factory=list)
     done: list[str] = attrs.field(factory=list)  # its last events, if it ended held
     cancelled: str | None = None  # why it was cancelled: its status_details reason
     silent: bool = False  # a speculation cancelled unseen: no events at all
@@ -136,7 +144,7 @@ class _Outbox:
     ``response.done``, queued without a response)."""
 
     def __init__(self, limit: int) -> None:
-        self._queue: collections.deque[tuple[str, _Response | None]] = collections.deque()
+        self._queue: collections.deque[tuple[Out, _Response | None]] = collections.deque()
         self._bytes = 0
         self._limit = limit
         self._wake = trio.Event()
@@ -149,16 +157,18 @@ class _Outbox:
         while self._queue:
             await self._empty.park()
 
-    def put_nowait(self, text: str, response: _Response | None = None) -> None:
-        self._queue.append((text, response))
-        self._bytes += len(text)
+    def put_nowait(self, out: Out | str, response: _Response | None = None) -> None:
+        if isinstance(out, str):
+            out = Out(out)
+        self._queue.append((out, response))
+        self._bytes += len(out.text)
         self._wake.set()
 
-    async def put(self, text: str, response: _Response) -> None:
+    async def put(self, out: Out, response: _Response) -> None:
         """Queue a response's event, waiting while the queue is over its bound."""
         while self._bytes > self._limit:
             await self._space.park()
-        self.put_nowait(text, response)
+        self.put_nowait(out, response)
 
     async def run(self, send: Send) -> None:
         while True:
@@ -166,13 +176,15 @@ class _Outbox:
                 self._empty.unpark_all()
                 self._wake = trio.Event()
                 await self._wake.wait()
-            text, response = self._queue.popleft()
-            self._bytes -= len(text)
+            out, response = self._queue.popleft()
+            self._bytes -= len(out.text)
             if self._bytes <= self._limit:
                 self._space.unpark_all()
-            if response is not None and response.cancelled:
-                continue  # a cancelled response says nothing more
-            await send({"type": "websocket.send", "text": text})
+            if response is not None:
+                if response.cancelled:
+                    continue  # a cancelled response says nothing more
+                response.events.sent(out)
+            await send({"type": "websocket.send", "text": out.text})
 
 
 def _query_model(scope: Scope) -> str | None:
@@ -429,6 +441,11 @@ class _Session:
         else:
             self._cancel_response(event)
 
+    def _trace(self, what: str, ref: str) -> None:
+        trace = self._options.trace
+        if trace is not None:
+            trace(self.id, what, ref)
+
     def _put(self, type: str, **fields: Any) -> None:
         self._outbox.put_nowait(self._events.event(type, **fields))
 
@@ -541,6 +558,7 @@ class _Session:
             )
             self._turn = Item(self._conversation.new_id(), "user")
             self._turn_start = start
+            self._trace("speech_started", self._turn.id)
             if turns.interrupt_response and self._response is not None:
                 self._cancel(self._response, "turn_detected")
             self._put(
@@ -549,6 +567,8 @@ class _Session:
                 item_id=self._turn.id,
             )
         elif isinstance(happened, SilenceStarted):
+            if self._turn is not None:
+                self._trace("silence_started", self._turn.id)
             if self._turn is not None and turns.create_response and self._options.speculate:
                 audio = self._buffer.between(self._turn_start, offset + happened.audio_ms)
                 self._turn.audio = audio
@@ -558,6 +578,7 @@ class _Session:
         elif isinstance(happened, SpeechStopped) and self._turn is not None:
             end = offset + happened.audio_end_ms
             turn, self._turn = self._turn, None
+            self._trace("speech_stopped", turn.id)
             self._put("input_audio_buffer.speech_stopped", audio_end_ms=end, item_id=turn.id)
             turn.audio = self._buffer.between(self._turn_start, end)
             self._buffer.drop_before(end)
@@ -580,6 +601,9 @@ class _Session:
             self._cancel(speculation, "turn_detected", silent=True)
 
     def _committed(self, turn: Item) -> None:
+        for item in self._conversation.items:  # only the newest turn keeps its audio
+            item.audio = None
+        turn.spoken = True
         previous = self._previous_id()
         self._conversation.add(turn)
         self._put("input_audio_buffer.committed", item_id=turn.id, previous_item_id=previous)
@@ -691,6 +715,7 @@ class _Session:
         )
         response = _Response(events, turn, held=held)
         self._responses.add(response)
+        self._trace("response_started", response.events.id)
         if not held:
             self._announce(response)
         assert self._nursery is not None
@@ -712,8 +737,8 @@ class _Session:
         response.held = False
         self._announce(response)
         backlog, response.backlog = response.backlog, []
-        for text in backlog:
-            self._outbox.put_nowait(text, response)
+        for out in backlog:
+            self._outbox.put_nowait(out, response)
         for text in response.done:  # it ended while held
             self._outbox.put_nowait(text)
         if response.ended:
@@ -734,6 +759,7 @@ class _Session:
         if response.cancelled is None:
             response.cancelled = reason
             response.silent = silent or response.held
+            self._trace("response_cancelled", response.events.id)
         response.scope.cancel()
         if self._response is response:
             self._response = None
@@ -752,6 +778,7 @@ class _Session:
             with ticket, response.scope:
                 ticket.cancel_scope = response.scope
                 status, details = await self._stream(response, prompt, ticket)
+            self._trace("request_ended", events.id)
         if response.cancelled is not None:
             status, details = "cancelled", {"type": "cancelled", "reason": response.cancelled}
         response.ended = True
@@ -767,6 +794,7 @@ class _Session:
             return
         for text in done:
             self._outbox.put_nowait(text)
+        self._trace("response_done", events.id)
         self._finished(response)
 
     def _finished(self, response: _Response) -> None:
@@ -796,12 +824,12 @@ class _Session:
         terminal = None if stream is None else stream.terminal
         return _status(terminal)
 
-    async def _emit(self, response: _Response, texts: list[str]) -> None:
+    async def _emit(self, response: _Response, outs: list[Out]) -> None:
         if response.held:
-            response.backlog += texts
+            response.backlog += outs
             return
-        for text in texts:
-            await self._outbox.put(text, response)
+        for out in outs:
+            await self._outbox.put(out, response)
 
 
 def _failed(message: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from .._messages import OrchOutput
     from ._model import FinalOutput
 
-__all__ = ["AudioBuffer", "Conversation", "Item", "ResponseEvents", "Status"]
+__all__ = ["AudioBuffer", "Conversation", "Item", "Out", "ResponseEvents", "Status"]
 
 Status = Literal["completed", "cancelled", "failed", "incomplete"]
 _BYTES_PER_MS = SAMPLE_RATE * 2 // 1000  # 16-bit mono at 24 kHz: 48 bytes per ms
@@ -32,6 +32,17 @@ _BYTES_PER_MS = SAMPLE_RATE * 2 // 1000  # 16-bit mono at 24 kHz: 48 bytes per m
 
 def _ms(size: int) -> int:
     return size // _BYTES_PER_MS
+
+
+@attrs.frozen
+class Out:
+    """A response's event on its way out, with what of the answer it carries: the
+    answer's item counts it as heard once it is written (:meth:`ResponseEvents.sent`).
+    """
+
+    text: str
+    words: str = ""
+    audio_bytes: int = 0
 
 
 @attrs.define(eq=False)
@@ -45,7 +56,7 @@ class Item:
           transcript (``None`` until the transcript comes); an answer's transcript,
           cut to what was heard if the client truncated it.
       audio: A user turn's audio (24 kHz PCM16) until a response takes it.
-      audio_ms: An answer's audio sent so far, in ms.
+      audio_ms: An answer's audio written to the client so far, in ms.
     """
 
     id: str
@@ -53,11 +64,12 @@ class Item:
     text: str | None = None
     audio: bytes | None = None
     audio_ms: int = 0
+    spoken: bool = False  # a user turn of audio (its audio may be gone: it was heard)
 
     def view(self, status: str = "completed") -> dict[str, Any]:
         """The item as its ``conversation.item.*`` events show it."""
         if self.role == "user":
-            if self.audio is not None or (self.text is None):
+            if self.spoken:
                 content: dict[str, Any] = {"type": "input_audio", "transcript": self.text}
             else:
                 content = {"type": "input_text", "text": self.text}
@@ -239,8 +251,9 @@ class ResponseEvents:
         self._outputs = outputs
         self.modality = modality
         self._resample = resample
-        self._text: list[str] = []
-        self.audio_bytes = 0
+        self._text: list[str] = []  # the answer's, as made
+        self._sent: list[str] = []  # of that, what was written to the client
+        self._audio_sent = 0
         self.first_audio = True
 
     @property
@@ -271,7 +284,15 @@ class ResponseEvents:
             event("conversation.item.added", previous_item_id=previous_item_id, item=item),
         ]
 
-    def take(self, batch: list[OrchOutput]) -> list[str]:
+    def sent(self, out: Out) -> None:
+        """``out`` was written to the client: the answer, as the user has it, holds it."""
+        if out.words:
+            self._sent.append(out.words)
+        if out.audio_bytes:
+            self._audio_sent += out.audio_bytes
+            self.answer.audio_ms = _ms(self._audio_sent)
+
+    def take(self, batch: list[OrchOutput]) -> list[Out]:
         """A batch of the request's outputs as events (the terminal's data too)."""
         events = []
         for output in batch:
@@ -281,7 +302,7 @@ class ResponseEvents:
             if final is None:
                 continue
             if final.modality == "transcript":
-                events += self._heard(output.data)
+                events += [Out(text) for text in self._heard(output.data)]
             elif final.modality == "text":
                 events.append(self._delta(output.data))
             else:
@@ -306,16 +327,15 @@ class ResponseEvents:
             event("conversation.item.done", previous_item_id=None, item=heard.view()),
         ]
 
-    def _delta(self, data: object) -> str:
+    def _delta(self, data: object) -> Out:
         text = data if isinstance(data, str) else str(data)
         self._text.append(text)
-        self.answer.text = "".join(self._text)
         kind = (
             "response.output_audio_transcript.delta"
             if self.modality == "audio"
             else "response.output_text.delta"
         )
-        return self._events.event(
+        event = self._events.event(
             kind,
             response_id=self.id,
             item_id=self.answer.id,
@@ -323,32 +343,36 @@ class ResponseEvents:
             content_index=0,
             delta=text,
         )
+        return Out(event, words=text)
 
-    def _audio(self, data: object, label: str) -> list[str]:
+    def _audio(self, data: object, label: str) -> list[Out]:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"{label} sent audio that is not bytes: {type(data).__name__}")
         pcm = self._resample(bytes(data))
         if not pcm:
             return []
-        self.audio_bytes += len(pcm)
-        self.answer.audio_ms = _ms(self.audio_bytes)
         return [
-            self._events.event(
-                "response.output_audio.delta",
-                response_id=self.id,
-                item_id=self.answer.id,
-                output_index=0,
-                content_index=0,
-                delta=base64.b64encode(pcm).decode("ascii"),
+            Out(
+                self._events.event(
+                    "response.output_audio.delta",
+                    response_id=self.id,
+                    item_id=self.answer.id,
+                    output_index=0,
+                    content_index=0,
+                    delta=base64.b64encode(pcm).decode("ascii"),
+                ),
+                audio_bytes=len(pcm),
             )
         ]
 
     def done(self, status: Status, details: dict[str, Any] | None = None) -> list[str]:
         """The response's last events: each part's ``done``, the item's, then
-        ``response.done``."""
+        ``response.done``. A completed answer holds all its text (its deltas are
+        queued before these); any other, only what was written to the client."""
         event = self._events.event
         where = {"response_id": self.id, "item_id": self.answer.id, "output_index": 0}
-        text = "".join(self._text)
+        text = "".join(self._text if status == "completed" else self._sent)
+        self.answer.text = text
         events = []
         if self.modality == "audio":
             events.append(event("response.output_audio.done", **where, content_index=0))
