@@ -221,7 +221,7 @@ BAD_ARGUMENTS = [
     ("run {demo} --prompt-file -", "--prompt-file must hold a prompt, standard input is empty"),
     ("run {demo} --prompt-file nope.txt", "--prompt-file must name a readable file, 'nope.txt'"),
     ("run {demo} --prompt a --prompt-file b", "argument --prompt-file: not allowed with"),
-    ("run {demo}", "omni-trio run: one of the arguments --prompt --prompt-file is required"),
+    ("run {demo}", "run: one of the arguments --prompt --prompt-file --audio is required"),
     ("run {demo} --prompt hi --sample-rate 0", "--sample-rate must be a positive integer, got 0"),
     ("run {demo} --prompt hi --stage-idle-timeout 0", "--stage-idle-timeout must be a positive"),
     ("run {demo} --prompt hi --max-in-flight 0", "--max-in-flight must be a positive integer"),

@@ -18,7 +18,7 @@ The vocabulary follows vLLM-Omni's stage configs where it fits (``stage_id``,
     engine = "omni_trio.demo.engines:thinker"    # factory import path
     engine_args = { tokens_per_second = 50 }     # the factory's keyword arguments
     final_output = true
-    final_output_type = "text"                   # or "audio"
+    final_output_type = "text"                   # or "audio", or "transcript"
     # sample_rate = 24000                        # Hz, of an "audio" stage's PCM
 
     [[stages]]
@@ -31,13 +31,19 @@ The vocabulary follows vLLM-Omni's stage configs where it fits (``stage_id``,
     [stages.runtime]
     restart = true
 
+A final stage's ``final_output_type`` says what its outputs are to the user:
+``"text"`` (text deltas, ``str``), ``"audio"`` (16-bit mono PCM, ``bytes``, at its
+``sample_rate``) or ``"transcript"`` (the user's own words as text, ``str``: the
+output of a stage that listens, shown as what was heard, not as the answer).
+
 An invalid config raises :class:`ConfigError` naming the key, e.g.
 ``stages[1].final_output: Expected `bool`, got `str```.
 
-Two pipelines ship with the package, by name (:data:`SHIPPED_PIPELINES`): ``"demo"``,
-the demo's simulated engines, and ``"speech"``, eSpeak NG's (the speech extra). Their
-files are data beside this module (``pipelines/<name>.toml``): reading one imports
-no engine.
+Three pipelines ship with the package, by name (:data:`SHIPPED_PIPELINES`):
+``"demo"``, the demo's simulated engines; ``"speech"``, eSpeak NG's (the speech
+extra); and ``"voice"``, faster-whisper listening before them (the voice extra).
+Their files are data beside this module (``pipelines/<name>.toml``): reading one
+imports no engine.
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ from .process._options import (
 __all__ = [
     "SHIPPED_PIPELINES",
     "ConfigError",
+    "OutputType",
     "PipelineConfig",
     "PipelineSection",
     "StageConfig",
@@ -77,8 +84,13 @@ __all__ = [
 ]
 
 #: The pipelines shipped with the package, by name: ``"demo"`` (the demo's simulated
-#: engines) and ``"speech"`` (the demo's thinker, eSpeak NG as talker and code2wav).
-SHIPPED_PIPELINES = ("demo", "speech")
+#: engines), ``"speech"`` (the demo's thinker, eSpeak NG as talker and code2wav) and
+#: ``"voice"`` (faster-whisper listening, a conversational thinker, eSpeak NG).
+SHIPPED_PIPELINES = ("demo", "speech", "voice")
+
+OutputType = Literal["text", "audio", "transcript"]
+"""What a final stage's outputs are to the user (``final_output_type``): ``"text"``,
+``"audio"`` or ``"transcript"`` (the user's words, as text: a listening stage's)."""
 
 
 class ConfigError(ValueError):
@@ -94,7 +106,10 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froz
     engine_args: dict[str, Any] = msgspec.field(default_factory=dict)
     engine_input_source: list[int] | None = None
     final_output: bool = False
-    final_output_type: Literal["text", "audio"] = "text"
+    final_output_type: OutputType = "text"
+    """What a final stage's outputs are to the user: ``"text"`` (text deltas,
+    ``str``), ``"audio"`` (16-bit mono PCM, ``bytes``) or ``"transcript"`` (the
+    user's words, as text, ``str``: a listening stage's output)."""
     sample_rate: int = 24_000
     """Hz of the 16-bit mono PCM an ``"audio"`` final stage emits (for WAV files)."""
     custom_process_input_func: str | None = None
@@ -186,9 +201,9 @@ class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, f
         )
 
     @property
-    def final_output_types(self) -> dict[int, Literal["text", "audio"]]:
-        """What each final stage emits to the user (``"text"`` or ``"audio"``), by
-        stage id."""
+    def final_output_types(self) -> dict[int, OutputType]:
+        """What each final stage emits to the user (``"text"``, ``"audio"`` or
+        ``"transcript"``), by stage id."""
         return {s.stage_id: s.final_output_type for s in self.stages if s.final_output}
 
     @property
@@ -365,7 +380,7 @@ def shipped_pipeline(name: str) -> PipelineConfig:
 def resolve_pipeline(source: PipelineConfig | str | os.PathLike[str]) -> PipelineConfig:
     """A config from what names one: a :class:`PipelineConfig` as it is; a path (a
     string naming an existing file is one); or a shipped pipeline's name (``"demo"``,
-    ``"speech"``).
+    ``"speech"``, ``"voice"``).
 
     Raises:
       ConfigError: the file cannot be read, is not a valid config, or the string
@@ -426,6 +441,18 @@ def _check(config: PipelineConfig, source: str | None) -> None:
             fail(f"{key}.sample_rate", f"must be a positive integer (Hz), got {stage.sample_rate}")
         if stage.custom_process_input_func is not None and index == 0:
             fail(f"{key}.custom_process_input_func", "stage 0's input is the prompt")
+        if stage.final_output_type == "transcript" and not stage.final_output:
+            fail(
+                f"{key}.final_output_type",
+                "a transcript is what the user sees of what was heard: its stage needs "
+                "final_output = true",
+            )
+    listening = [s.stage_id for s in config.stages if s.final_output_type == "transcript"]
+    if len(listening) > 1:
+        fail(
+            f"stages[{listening[1]}].final_output_type",
+            f'a pipeline hears the user once: stage {listening[0]} is already "transcript"',
+        )
     if not config.final_stage_ids:
         fail("stages", "no stage has final_output = true: nothing would reach the user")
     if config.pipeline.async_chunk and config.pipeline.connector == "none":

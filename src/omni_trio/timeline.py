@@ -41,7 +41,11 @@ MISSING_MATPLOTLIB = "the timeline needs matplotlib: pip install 'omni-trio[plot
 #: share rows (request ``j`` takes row ``j % MAX_ROWS``).
 MAX_ROWS = 5
 #: How the first output of a final stage is marked, by output type.
-MARKERS = {"text": ("^", "first text"), "audio": ("*", "first audio")}
+MARKERS = {
+    "transcript": ("o", "first transcript"),
+    "text": ("^", "first text"),
+    "audio": ("*", "first audio"),
+}
 
 
 @attrs.frozen
@@ -116,10 +120,11 @@ def timeline_figure(
     are overlaid). Each has a lane per stage of ``stage_names`` (stage 0 on top)
     where each request is a bar from submission to completion, its first outputs are
     marked (a triangle for a ``"text"`` stage of ``output_types``, a star for an
-    ``"audio"`` one) and a dotted line marks its terminal output. The panel is titled
-    with its key on the left and, on the right, the mean times to first text, first
-    audio and terminal output of its requests. Stages not in
-    ``stage_names`` are not drawn. Built without pyplot: no global state, no GUI.
+    ``"audio"`` one, a circle for a ``"transcript"`` one) and a dotted line marks its
+    terminal output. The panel is titled with its key on the left and, on the right,
+    the mean times to first transcript (if any), first text, first audio and terminal
+    output of its requests. Stages not in ``stage_names`` are not drawn. Built without
+    pyplot: no global state, no GUI.
 
     Raises:
       ValueError: ``panels`` is empty.
@@ -223,7 +228,7 @@ def _summary(timelines: Sequence[RequestTimeline], output_types: Mapping[int, st
     """``"mean: first text 20 ms, first audio 90 ms, E2E 300 ms"``: each request's
     earliest output of a kind, averaged over the requests that had one."""
     parts = []
-    for kind in ("text", "audio"):
+    for kind in MARKERS:
         stages = {stage_id for stage_id, k in output_types.items() if k == kind}
         firsts = [
             min(t for stage_id, t in tl.first_outputs.items() if stage_id in stages)

@@ -181,8 +181,14 @@ def pipeline_config(args: argparse.Namespace) -> PipelineConfig:
         if args.pipeline is None:
             config = shipped_pipeline("demo")
         else:
-            if args.pipeline == "speech" and not Path(args.pipeline).is_file():
-                need_speech("the speech pipeline")
+            shipped = not Path(args.pipeline).is_file()
+            if args.pipeline in ("speech", "voice") and shipped:
+                need_speech(f"the {args.pipeline} pipeline")
+            if args.pipeline == "voice" and shipped and not importable("faster_whisper"):
+                raise UsageError(
+                    "the voice pipeline needs faster-whisper, which is not installed: "
+                    "pip install 'omni-trio[voice]'"
+                )
             config = resolve_pipeline(args.pipeline)  # a path, or a shipped one's name
         overrides = {
             key: getattr(args, key)

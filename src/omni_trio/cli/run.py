@@ -1,4 +1,5 @@
-"""``omni-trio run``: one request streamed through a pipeline config."""
+"""``omni-trio run``: one request streamed through a pipeline config: a text prompt,
+or a spoken one (``--audio``, a WAV file) for a pipeline that listens."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import base64
 import json
 import sys
+import wave
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +35,10 @@ def add_parser(commands: Commands) -> None:
         "run",
         help="stream one request through a pipeline config (TOML)",
         description="Start the stages of PIPELINE (a TOML config, or a shipped one: "
-        "'demo', the simulated pipeline, or 'speech', eSpeak NG's, the speech extra) and "
-        "stream one request: text as it comes, audio counted (and written with --wav). "
+        "'demo', the simulated pipeline; 'speech', eSpeak NG's, the speech extra; or "
+        "'voice', which listens first, the voice extra) and stream one request: text as "
+        "it comes, what a listening stage heard as 'heard: ...', audio counted (and "
+        "written with --wav). "
         "The config's directory and the current directory are put on the import path "
         "(of this process and of the workers), so engines beside the config are found.",
     )
@@ -43,6 +47,12 @@ def add_parser(commands: Commands) -> None:
     prompt.add_argument("--prompt", type=text, metavar="TEXT", help="the prompt")
     prompt.add_argument(
         "--prompt-file", metavar="PATH", help="read the prompt from PATH ('-': standard input)"
+    )
+    prompt.add_argument(
+        "--audio",
+        metavar="PATH",
+        help="say the prompt: a WAV file of 16-bit mono PCM, any rate, for a pipeline that "
+        "listens (a stage with final_output_type = \"transcript\", as 'voice' has)",
     )
     run.add_argument("--wav", metavar="PATH", help="write the audio outputs to this WAV file")
     run.add_argument(
@@ -82,6 +92,7 @@ def _check(args: argparse.Namespace) -> None:
         check_output("--wav", args.wav)
     if args.sample_rate is None:
         args.sample_rate = audio[0].sample_rate if audio else None
+    _check_listening(args)
     if args.prompt_file is not None:
         name = "standard input" if args.prompt_file == "-" else repr(args.prompt_file)
         try:
@@ -98,6 +109,61 @@ def _check(args: argparse.Namespace) -> None:
         args.prompt = prompt.strip()
         if not args.prompt:
             raise UsageError(f"--prompt-file must hold a prompt, {name} is empty")
+
+
+#: The listen stage's engine, which needs faster-whisper (the voice extra).
+_LISTEN = "omni_trio.speech:listen"
+
+
+def _check_listening(args: argparse.Namespace) -> None:
+    """A pipeline that listens needs faster-whisper; ``--audio`` needs a pipeline that
+    listens, and a WAV file of 16-bit mono PCM, which becomes the prompt (an
+    utterance)."""
+    config: PipelineConfig = args.config
+    listens = [s for s in config.stages if s.engine == _LISTEN]
+    if listens and not importable("faster_whisper"):
+        raise UsageError(
+            f"the {listens[0].label} stage of {args.pipeline} needs faster-whisper, which is "
+            "not installed: pip install 'omni-trio[voice]'"
+        )
+    if args.audio is None:
+        return
+    if not any(s.final_output_type == "transcript" for s in config.stages):
+        raise UsageError(
+            f"--audio needs a pipeline that listens (a stage with final_output_type = "
+            f'"transcript"), {args.pipeline} has none'
+        )
+    pcm, sample_rate = _read_wav(args.audio)
+    from ..speech import utterance
+
+    args.prompt = utterance(audio=pcm, sample_rate=sample_rate)
+
+
+def _read_wav(path: str) -> tuple[bytes, int]:
+    """A WAV file's 16-bit mono PCM and its rate.
+
+    Raises:
+      UsageError: it cannot be read, is no WAV file, or holds other audio.
+    """
+    try:
+        with wave.open(path, "rb") as wav:
+            channels, width, rate = wav.getnchannels(), wav.getsampwidth(), wav.getframerate()
+            pcm = wav.readframes(wav.getnframes())
+    except OSError as exc:
+        raise UsageError(
+            f"--audio must name a readable file, {path!r}: {exc.strerror or exc}"
+        ) from None
+    except (wave.Error, EOFError) as exc:
+        raise UsageError(
+            f"--audio must be a WAV file of 16-bit mono PCM, {path!r} is not a WAV file "
+            f"Python reads ({exc or 'it ends early'})"
+        ) from None
+    if (channels, width) != (1, 2):
+        raise UsageError(
+            f"--audio must be a WAV file of 16-bit mono PCM, {path!r} holds {8 * width}-bit "
+            f"audio in {channels} channel(s)"
+        )
+    return pcm, rate
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -167,6 +233,7 @@ async def _run_one(config: PipelineConfig, args: argparse.Namespace) -> int:
         markup=False,
         highlight=False,
     )
+    line_open = False  # text printed on the current line
     async with (
         open_pipeline(config) as pipeline,
         pipeline.orchestrator.open_request(args.prompt) as stream,
@@ -176,10 +243,17 @@ async def _run_one(config: PipelineConfig, args: argparse.Namespace) -> int:
                 print(json.dumps(_output_json(out, names), default=repr), flush=True)
             if out.data is None or out.finish_reason in ("aborted", "error"):
                 continue  # a bare completion shows as nothing
-            if types.get(out.stage_id) == "audio":
+            kind = types.get(out.stage_id)
+            if kind == "audio":
                 audio += out.data
+            elif kind == "transcript":  # the user's words: a line of their own
+                if line_open:
+                    console.out("")
+                console.out(f"heard: {out.data or '(nothing)'}", highlight=False)
+                line_open = False
             else:
                 console.out(str(out.data), end="", highlight=False)
+                line_open = True
     console.out("")
     terminal = stream.terminal
     assert terminal is not None

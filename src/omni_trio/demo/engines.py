@@ -8,6 +8,10 @@ code a 40 ms tone on a pentatonic scale, so the result is a little melody).
 In async_chunk mode the stages stream to each other through the connector: the
 thinker sends each token downstream as it yields it, the talker sends the codes of
 each token. In forward mode each stage gets its predecessor's collected outputs.
+
+:func:`voice_thinker` is the thinker of a conversation (the ``voice`` pipeline,
+after a stage that listens): it quotes what it heard, then answers from the same
+story -- where it starts depends on the words and on the conversation so far.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import math
 import zlib
 from array import array
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -32,6 +36,8 @@ __all__ = [
     "talker2code2wav",
     "thinker",
     "thinker2talker",
+    "voice_answer",
+    "voice_thinker",
 ]
 
 SAMPLE_RATE = 24_000
@@ -48,6 +54,7 @@ _STORY_TEXT = (
 _STORY = _STORY_TEXT.split(" ")
 
 
+_NOTHING_HEARD = "I did not hear anything."
 _SENTENCE_STARTS = [0] + [i + 1 for i, word in enumerate(_STORY[:-1]) if word.endswith(".")]
 
 
@@ -104,6 +111,59 @@ def thinker(
             if io.connected:
                 await io.send(token.encode())
             yield Last(token) if index == len(tokens) else token  # the last travels as the end
+
+    return engine
+
+
+def voice_answer(transcript: str, context: Sequence[Any] = (), max_tokens: int = 40) -> list[str]:
+    """The voice thinker's answer, as word tokens (each with its trailing space): it
+    quotes ``transcript`` (``You said: <transcript>.``), then answers with whole
+    sentences of :func:`response_tokens`, at most ``max_tokens`` words, chosen by the
+    transcript and the conversation so far (``context``: turns ``{"role": ...,
+    "text": ...}``), so that the same words answer differently in another
+    conversation. Nothing heard (an empty transcript) has a fixed answer."""
+    heard = " ".join(str(transcript).split())
+    if not heard:
+        return [word + " " for word in _NOTHING_HEARD.split()]
+    if heard[-1] not in ".!?":
+        heard = heard.rstrip(",;:") + "."
+    so_far = "\n".join(
+        f"{turn.get('role')}: {turn.get('text')}" if isinstance(turn, Mapping) else str(turn)
+        for turn in context
+    )
+    quote = [word + " " for word in f"You said: {heard}".split()]
+    return quote + response_tokens(f"{heard}\n{so_far}", max_tokens, whole_sentences=True)
+
+
+def voice_thinker(tokens_per_second: float = 50.0, max_tokens: int = 40) -> Engine:
+    """Stage 1 of the voice pipeline: text tokens at ``tokens_per_second`` that answer
+    what the listen stage heard (see :func:`voice_answer`).
+
+    async_chunk: its input is the conversation so far (the prewarm's,
+    :func:`omni_trio.speech.context_of`), and it reads the transcript from upstream
+    (its chunks, UTF-8) before it answers. forward: its input is the transcript
+    (:func:`omni_trio.speech.listen2thinker`); there is no context. Its tokens go
+    out as the thinker's do: each sent downstream and yielded, the last as
+    :class:`~omni_trio.process.Last`.
+    """
+
+    async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
+        if io.connected:
+            context = request.inputs if request.inputs is not None else []
+            if not isinstance(context, list | tuple):
+                raise TypeError(
+                    f"the voice thinker's input is the conversation so far, a list of "
+                    f"turns, got {type(context).__name__}"
+                )
+            transcript = b"".join([bytes(chunk) async for chunk in io]).decode("utf-8", "replace")
+        else:
+            context, transcript = [], str(request.inputs)
+        tokens = voice_answer(transcript, context, max_tokens)
+        for index, token in enumerate(tokens, 1):
+            await trio.sleep(1 / tokens_per_second)
+            if io.connected:
+                await io.send(token.encode())
+            yield Last(token) if index == len(tokens) else token
 
     return engine
 

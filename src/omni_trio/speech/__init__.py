@@ -1,5 +1,5 @@
 """Real speech for the pipeline: eSpeak NG (the ``speech`` extra) as talker and
-code2wav.
+code2wav, and faster-whisper (the ``voice`` extra) as the stage that listens.
 
 The talker turns the thinker's streamed text into eSpeak NG phoneme codes phrase by
 phrase; code2wav speaks each phrase's codes as soon as it has them (16-bit mono PCM
@@ -8,8 +8,14 @@ backend. The shipped ``speech`` pipeline (``omni_trio/pipelines/speech.toml``) i
 one they make with the demo's thinker: ``omni-trio run speech``, ``omni-trio demo``
 and ``omni_trio.open_pipeline("speech")`` use it.
 
+The listen stage (:func:`listen`) turns a spoken utterance (:func:`utterance`) into
+its transcript with Whisper; the shipped ``voice`` pipeline
+(``omni_trio/pipelines/voice.toml``) puts it before a conversational thinker and
+eSpeak NG: ``omni-trio run voice --audio question.wav`` answers aloud.
+
 eSpeak NG is not thread-safe: a process speaks one phrase at a time
-(:class:`ESpeak`).
+(:class:`ESpeak`). faster-whisper is imported when a listen stage starts, not with
+this package.
 """
 
 from typing import TYPE_CHECKING
@@ -25,11 +31,54 @@ if TYPE_CHECKING:
     from ._espeak import ESpeak as ESpeak
     from ._espeak import SpeechUnavailableError as SpeechUnavailableError
     from ._espeak import speech_available as speech_available
+    from ._listen import ListenUnavailableError as ListenUnavailableError
+    from ._listen import Turn as Turn
+    from ._listen import context_of as context_of
+    from ._listen import listen as listen
+    from ._listen import listen2thinker as listen2thinker
+    from ._listen import utterance as utterance
+    from ._resample import Resampler as Resampler
+    from ._vad import MIN_SPEECH_MS as MIN_SPEECH_MS
+    from ._vad import FrameModel as FrameModel
+    from ._vad import SilenceStarted as SilenceStarted
+    from ._vad import SileroModel as SileroModel
+    from ._vad import SpeechResumed as SpeechResumed
+    from ._vad import SpeechStarted as SpeechStarted
+    from ._vad import SpeechStopped as SpeechStopped
+    from ._vad import VadEvent as VadEvent
+    from ._vad import VadOptions as VadOptions
+    from ._vad import VoiceActivityDetector as VoiceActivityDetector
+    from ._vad import WebRtcModel as WebRtcModel
+    from ._vad import default_model as default_model
 
 _EXPORTS = {
     "._engines": ["SAMPLE_RATE", "PhraseSplitter", "code2wav", "talker", "talker2code2wav"],
     "._espeak": ["ESpeak", "SpeechUnavailableError", "speech_available"],
+    "._listen": [
+        "ListenUnavailableError",
+        "Turn",
+        "context_of",
+        "listen",
+        "listen2thinker",
+        "utterance",
+    ],
+    "._resample": ["Resampler"],
+    "._vad": [
+        "MIN_SPEECH_MS",
+        "FrameModel",
+        "SilenceStarted",
+        "SileroModel",
+        "SpeechResumed",
+        "SpeechStarted",
+        "SpeechStopped",
+        "VadEvent",
+        "VadOptions",
+        "VoiceActivityDetector",
+        "WebRtcModel",
+        "default_model",
+    ],
 }
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)
-# Imported on first use: speech_available() must not need trio or eSpeak.
+# Imported on first use: speech_available() must not need trio or eSpeak, and
+# nothing here imports faster-whisper (a listen stage does, when it starts).
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

