@@ -1,0 +1,345 @@
+"""The voice pipeline behind ``/v1/realtime``, driven by the ``openai`` package's own
+Realtime client: a spoken question streamed at real-time pace is heard, quoted and
+answered aloud; barge-in, ``response.cancel`` and a closed socket abort the answer
+at every stage; sessions stay apart; ``input_audio`` in chat completions is heard.
+
+Real parts throughout: eSpeak NG speaks the questions, server VAD finds the turns,
+Whisper tiny.en (faster-whisper) hears them in the listen stage's worker process, and
+the same Whisper checks the answer's audio. The voice extra; the ``voice`` nox
+session runs this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+import msgspec
+import pytest
+import trio
+
+from voice_helpers import need_voice, recall, resample, spoken
+
+need_voice()
+
+import openai  # noqa: E402
+
+from omni_trio import open_pipeline  # noqa: E402
+from omni_trio.config import resolve_pipeline  # noqa: E402
+from omni_trio.serve import RealtimeOptions, ServedModel, create_app, serve  # noqa: E402
+
+QUESTION = "What is the capital city of France?"
+#: Questions Whisper tiny.en hears well in eSpeak NG's voice (checked one by one).
+QUESTIONS = [
+    "Can you recommend a good book to read?",
+    "Which planet is the largest in our solar system?",
+    "What is the weather like in London today?",
+]
+LONG_QUESTION = "Please tell me a story about the ocean."
+RATE = 24_000
+CHUNK = RATE * 2 // 50  # 20 ms of 24 kHz PCM16
+SESSION = {
+    "type": "realtime",
+    "output_modalities": ["audio"],
+    "audio": {
+        "input": {
+            "format": {"type": "audio/pcm", "rate": RATE},
+            "turn_detection": {
+                "type": "server_vad",
+                "silence_duration_ms": 500,
+                "create_response": True,
+                "interrupt_response": True,
+            },
+        },
+        "output": {"format": {"type": "audio/pcm", "rate": RATE}},
+    },
+}
+
+
+def voice_config(**thinker: Any) -> Any:
+    config = resolve_pipeline("voice")
+    stages = [
+        msgspec.structs.replace(s, engine_args={**s.engine_args, **thinker})
+        if s.name == "thinker" and thinker
+        else s
+        for s in config.stages
+    ]
+    return msgspec.structs.replace(config, stages=stages)
+
+
+@asynccontextmanager
+async def voice_server(config: Any = None, **options: Any) -> AsyncIterator[tuple[str, Any]]:
+    """The voice pipeline served on a free port: its URL, and the running pipeline."""
+    config = config or voice_config()
+    running: list[Any] = []
+
+    @asynccontextmanager
+    async def opener() -> AsyncIterator[Any]:
+        async with open_pipeline(config) as pipeline:
+            running.append(pipeline)
+            yield pipeline
+
+    app = create_app(ServedModel.from_config(config), opener, realtime=RealtimeOptions(**options))
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(partial(serve, app, port=0))
+        yield url, running[0]
+        nursery.cancel_scope.cancel()
+
+
+def client_of(url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        api_key="unused",
+        base_url=f"{url}/v1",
+        websocket_base_url=url.replace("http://", "ws://") + "/v1",
+        max_retries=0,
+    )
+
+
+async def in_asyncio(fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    """Run the ``openai`` client (asyncio, over ``websockets``) in a thread."""
+    return await trio.to_thread.run_sync(lambda: asyncio.run(fn(*args)))
+
+
+async def paced(conn: Any, pcm: bytes) -> None:
+    """Stream ``pcm`` in 20 ms appends at real-time pace."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    for index, offset in enumerate(range(0, len(pcm), CHUNK)):
+        chunk = base64.b64encode(pcm[offset : offset + CHUNK]).decode()
+        await conn.input_audio_buffer.append(audio=chunk)
+        await asyncio.sleep(max(0.0, start + (index + 1) * 0.02 - loop.time()))
+
+
+def silence(seconds: float) -> bytes:
+    return b"\x00\x00" * int(RATE * seconds)
+
+
+class Events:
+    """What a session received, with arrival times."""
+
+    def __init__(self) -> None:
+        self.all: list[tuple[float, dict[str, Any]]] = []
+
+    async def read(self, conn: Any, until: Callable[[dict[str, Any]], bool]) -> None:
+        loop = asyncio.get_running_loop()
+        async for event in conn:
+            data = event.model_dump()
+            self.all.append((loop.time(), data))
+            if until(data):
+                return
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for _, e in self.all if e["type"] == kind]
+
+    def index(self, kind: str, start: int = 0) -> int:
+        return next(i for i, (_, e) in enumerate(self.all) if i >= start and e["type"] == kind)
+
+    def done(self) -> list[dict[str, Any]]:
+        return [e["response"] for e in self.of("response.done")]
+
+
+def answer_after_quote(text: str, transcript: str) -> str:
+    """The answer's text checked to quote ``transcript`` word for word (``You said:
+    <transcript>.``), and what it says after the quote."""
+    heard = " ".join(transcript.split())
+    if heard and heard[-1] not in ".!?":
+        heard += "."
+    quote = f"You said: {heard} "
+    assert text.startswith(quote), (text, transcript)
+    return text[len(quote) :]
+
+
+async def whisper(pcm: bytes, rate: int) -> str:
+    """The answer's audio, heard by the same Whisper the listen stage runs."""
+    from omni_trio.speech import listen
+
+    engine: Any = None
+
+    def load() -> Any:
+        return listen()
+
+    engine = await trio.to_thread.run_sync(load)
+    from omni_trio.process import EngineRequest
+
+    class NoIO:
+        connected = False
+
+    request = EngineRequest("check", {"audio": pcm, "sample_rate": rate, "context": []}, 0)
+    outputs = [out async for out in engine(request, NoIO())]
+    return str(getattr(outputs[-1], "data", outputs[-1]))
+
+
+async def test_a_spoken_question_through_the_openai_realtime_client() -> None:
+    question = spoken(QUESTION, RATE)
+    async with voice_server() as (url, _):
+
+        async def turn() -> Events:
+            events = Events()
+            async with client_of(url).realtime.connect(model="voice-omni") as conn:
+                await conn.session.update(session=SESSION)
+                reader = asyncio.create_task(
+                    events.read(conn, lambda e: e["type"] == "response.done")
+                )
+                await paced(conn, silence(0.3) + question + silence(1.0))
+                await asyncio.wait_for(reader, 30)
+            return events
+
+        events = await in_asyncio(turn)
+        kinds = [e["type"] for _, e in events.all]
+        assert (
+            kinds.index("input_audio_buffer.speech_started")
+            < kinds.index("input_audio_buffer.speech_stopped")
+            < kinds.index("input_audio_buffer.committed")
+            < kinds.index("response.created")
+        )
+        (heard,) = events.of("conversation.item.input_audio_transcription.completed")
+        transcript = heard["transcript"]
+        assert recall(QUESTION, transcript) >= 0.6, transcript
+        (done,) = events.done()
+        assert done["status"] == "completed"
+        text = "".join(e["delta"] for e in events.of("response.output_audio_transcript.delta"))
+        answer = answer_after_quote(text, transcript)
+        audio = b"".join(
+            base64.b64decode(e["delta"]) for e in events.of("response.output_audio.delta")
+        )
+        assert len(audio) > RATE  # more than a second of speech
+        said = await whisper(audio, RATE)
+        assert recall(answer, said) >= 0.5, (answer, said)
+
+
+def first_delta(e: dict[str, Any]) -> bool:
+    return e["type"] == "response.output_audio.delta"
+
+
+async def aborted_everywhere(pipeline: Any) -> None:
+    """Every stage's worker has let go of every request (the abort reached them)."""
+    with trio.fail_after(10):
+        while True:
+            for stage in pipeline.stages:
+                await stage.refresh_statistics()
+            if all(stage.statistics().in_flight == 0 for stage in pipeline.stages):
+                return
+            await trio.sleep(0.02)
+
+
+@pytest.mark.parametrize("how", ["barge-in", "response.cancel", "socket closed"])
+async def test_an_interrupted_answer_is_cancelled_at_every_stage(how: str) -> None:
+    question = spoken(LONG_QUESTION, RATE)
+    interruption = spoken("Stop. What time is it?", RATE)
+    # a slow thinker: the answer is still streaming when the interruption comes
+    async with voice_server(voice_config(tokens_per_second=8)) as (url, pipeline):
+
+        async def converse() -> Events:
+            events = Events()
+            async with client_of(url).realtime.connect(model="voice-omni") as conn:
+                await conn.session.update(session=SESSION)
+                await paced(conn, silence(0.3) + question + silence(0.7))
+                await asyncio.wait_for(events.read(conn, first_delta), 30)
+                if how == "socket closed":
+                    return events
+                if how == "response.cancel":
+                    await conn.response.cancel()
+                    await asyncio.wait_for(
+                        events.read(conn, lambda e: e["type"] == "response.done"), 10
+                    )
+                    await conn.conversation.item.create(
+                        item={
+                            "type": "message",
+                            "role": "user",
+                            "content": [{"type": "input_text", "text": "What time is it?"}],
+                        }
+                    )
+                    await conn.response.create()
+                else:
+                    sender = asyncio.create_task(paced(conn, interruption + silence(1.0)))
+                    await asyncio.wait_for(
+                        events.read(conn, lambda e: e["type"] == "response.done"), 15
+                    )
+                    await sender
+                await asyncio.wait_for(
+                    events.read(conn, lambda e: e["type"] == "response.done"), 30
+                )
+            return events
+
+        events = await in_asyncio(converse)
+        await aborted_everywhere(pipeline)
+    if how == "socket closed":
+        return  # the server saw the socket close: every stage let go (above)
+    first, second = events.done()
+    assert first["status"] == "cancelled"
+    assert second["status"] == "completed"
+    cut = events.index(
+        "input_audio_buffer.speech_started" if how == "barge-in" else "response.done",
+        events.index("response.output_audio.delta"),
+    )
+    late = [
+        e
+        for _, e in events.all[cut:]
+        if e.get("response_id") == first["id"] and e["type"].endswith(".delta")
+    ]
+    assert not late
+    if how == "barge-in":
+        heard = events.of("conversation.item.input_audio_transcription.completed")
+        assert recall("What time is it?", heard[-1]["transcript"]) >= 0.5
+
+
+async def test_sessions_hear_their_own_questions() -> None:
+    async with voice_server() as (url, _):
+
+        async def one(question: str) -> tuple[str, str]:
+            events = Events()
+            async with client_of(url).realtime.connect(model="voice-omni") as conn:
+                await conn.session.update(session=SESSION)
+                reader = asyncio.create_task(
+                    events.read(conn, lambda e: e["type"] == "response.done")
+                )
+                await paced(conn, silence(0.2) + spoken(question, RATE) + silence(1.0))
+                await asyncio.wait_for(reader, 60)
+            (heard,) = events.of("conversation.item.input_audio_transcription.completed")
+            text = "".join(e["delta"] for e in events.of("response.output_audio_transcript.delta"))
+            return heard["transcript"], text
+
+        async def all_three() -> list[tuple[str, str]]:
+            return list(await asyncio.gather(*(one(q) for q in QUESTIONS)))
+
+        results = await in_asyncio(all_three)
+    for question, (transcript, text) in zip(QUESTIONS, results, strict=True):
+        assert recall(question, transcript) >= 0.6, (question, transcript)
+        answer_after_quote(text, transcript)
+
+
+async def test_chat_completions_hear_input_audio_through_the_openai_client() -> None:
+    wav = resample(spoken(QUESTION, RATE), RATE, RATE)
+    async with voice_server() as (url, _):
+
+        async def ask() -> Any:
+            from omni_trio._audio import wav_bytes
+
+            return await client_of(url).chat.completions.create(
+                model="voice-omni",
+                modalities=["text"],
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "input_audio",
+                                "input_audio": {
+                                    "data": base64.b64encode(wav_bytes(wav, RATE)).decode(),
+                                    "format": "wav",
+                                },
+                            }
+                        ],
+                    }
+                ],
+            )
+
+        completion = await in_asyncio(ask)
+    text = completion.choices[0].message.content
+    heard = text.removeprefix("You said: ")
+    assert heard != text
+    assert recall(QUESTION, heard[: len(heard) - len(text.split(".", 1)[-1])]) >= 0.6, text
