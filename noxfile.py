@@ -70,6 +70,7 @@ VOICE_TESTS = [
     "tests/test_vad.py",
     "tests/test_voice.py",
     "tests/test_realtime.py",
+    "tests/test_bench_voice.py",
 ]
 
 

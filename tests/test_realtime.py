@@ -520,3 +520,24 @@ async def test_barge_in_cancels_the_answer_at_every_stage(speech: Callable[[str]
     assert first_request in server.script.fully_aborted()
     heard = [e for e in events if e["type"].endswith("transcription.completed")]
     assert len(heard) == 2
+
+
+def test_a_long_vocoder_output_goes_out_in_half_second_deltas() -> None:
+    from omni_trio import OrchOutput
+    from omni_trio.serve._realtime_conversation import DELTA_BYTES, Item, ResponseEvents
+    from omni_trio.serve._realtime_protocol import ServerEvents
+    from realtime_helpers import AUDIO
+
+    answer = Item("item_1", "assistant", "")
+    events = ResponseEvents(
+        ServerEvents("t_"), "resp_1", answer, None, {2: AUDIO}, "audio", lambda pcm: pcm
+    )
+    pcm = bytes(range(256)) * 225  # 1.2 s of 24 kHz PCM16
+    outs = events.take([OrchOutput("r", 2, pcm, False)])
+    assert [o.audio_bytes for o in outs] == [DELTA_BYTES, DELTA_BYTES, len(pcm) - 2 * DELTA_BYTES]
+    sent = b"".join(base64.b64decode(json.loads(o.text)["delta"]) for o in outs)
+    assert sent == pcm
+    assert answer.audio_ms == 0  # nothing written yet
+    for out in outs:
+        events.sent(out)
+    assert answer.audio_ms == 1200

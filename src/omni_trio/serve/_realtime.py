@@ -99,6 +99,8 @@ class RealtimeOptions:
           session is closed, with an ``error`` saying so. A session is not idle while
           a response streams to it.
       speculate: Start recognising a turn when its silence begins (see the module).
+      speculate_after_ms: How much silence begins a speculation (less than the
+          session's ``silence_duration_ms``; when it is not, half of that).
       outbox_bytes: Server events a session may have queued, unwritten, before its
           responses wait for the client (a response's outputs then stay unread in the
           orchestrator, bounded by ``max_unread_bytes`` and ``consumer_idle_timeout``
@@ -121,6 +123,9 @@ class RealtimeOptions:
     )
     idle_timeout: float = attrs.field(default=300.0, validator=_positive_seconds("idle_timeout"))
     speculate: bool = True
+    speculate_after_ms: int = attrs.field(
+        default=150, validator=_positive_int("speculate_after_ms")
+    )
     outbox_bytes: int = attrs.field(default=1024 * 1024, validator=_positive_int("outbox_bytes"))
     trace: Callable[[str, str, str], None] | None = None
 
@@ -532,7 +537,9 @@ class _Session:
                 prefix_padding_ms=turns.prefix_padding_ms,
                 silence_duration_ms=turns.silence_duration_ms,
                 speculate_after_ms=(
-                    min(150, turns.silence_duration_ms // 2) if self._options.speculate else 0
+                    self._speculate_after(turns.silence_duration_ms)
+                    if self._options.speculate
+                    else 0
                 ),
             )
             return VoiceActivityDetector(options, sample_rate=SAMPLE_RATE)
@@ -545,6 +552,10 @@ class _Session:
                 type="server_error",
                 code="vad_unavailable",
             ) from None
+
+    def _speculate_after(self, silence_ms: int) -> int:
+        wanted = self._options.speculate_after_ms
+        return wanted if wanted < silence_ms else silence_ms // 2
 
     def _on_vad(self, happened: Any) -> None:
         from ..speech import SilenceStarted, SpeechResumed, SpeechStarted, SpeechStopped

@@ -28,6 +28,10 @@ __all__ = ["AudioBuffer", "Conversation", "Item", "Out", "ResponseEvents", "Stat
 
 Status = Literal["completed", "cancelled", "failed", "incomplete"]
 _BYTES_PER_MS = SAMPLE_RATE * 2 // 1000  # 16-bit mono at 24 kHz: 48 bytes per ms
+#: The most audio one ``response.output_audio.delta`` carries: a vocoder's output (an
+#: eSpeak phrase may be seconds long) goes out in pieces of at most this much, so no
+#: one frame is large to encode and compress, and a client can play the first sooner.
+DELTA_BYTES = 500 * _BYTES_PER_MS
 
 
 def _ms(size: int) -> int:
@@ -359,10 +363,12 @@ class ResponseEvents:
                     item_id=self.answer.id,
                     output_index=0,
                     content_index=0,
-                    delta=base64.b64encode(pcm).decode("ascii"),
+                    delta=base64.b64encode(piece).decode("ascii"),
                 ),
-                audio_bytes=len(pcm),
+                audio_bytes=len(piece),
             )
+            for start in range(0, len(pcm), DELTA_BYTES)
+            if (piece := pcm[start : start + DELTA_BYTES])
         ]
 
     def done(self, status: Status, details: dict[str, Any] | None = None) -> list[str]:
