@@ -7,4 +7,7 @@ the process scenarios (``python -m omni_trio.bench._process --family NAME``), ea
 beside its floor measured in the same run; then the replica pools (``python -m
 omni_trio.bench._replicas --part NAME``): a bottleneck stage of device-time engines
 at 1 to 8 replicas, and the speech demo with its talker and code2wav replicated.
+``omni-trio bench --only voice`` (not part of a full run: it speaks at real-time
+pace) times ``/v1/realtime`` serving the voice pipeline (``python -m
+omni_trio.bench._voice --part NAME``): turn latency and barge-in.
 """

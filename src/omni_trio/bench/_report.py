@@ -7,7 +7,9 @@ it is the yardstick of issue 12's goals, not a third orchestrator to weigh. Then
 process scenarios run, each beside its floor (see
 :mod:`omni_trio.bench._process_report`); the report holds them under ``"process"``.
 Then the replica pools (:mod:`omni_trio.bench._replicas_report`), under
-``"replicas"``, and the Ray scenarios, under ``"ray"``.
+``"replicas"``, and the Ray scenarios, under ``"ray"``. The voice scenarios
+(:mod:`omni_trio.bench._voice_report`), under ``"voice"``, run alone (``--only
+voice``): at the pace of speech, they take minutes.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ._latency import LOADS
 from ._process_report import header, print_header, print_process_report, run_process_bench
 from ._ray_report import print_ray_report, ray_installed, run_ray_bench
 from ._replicas_report import print_replicas_report, run_replicas_bench
+from ._voice_report import print_voice_report, run_voice_bench
 
 __all__ = ["goals", "print_report", "run_bench"]
 
@@ -61,15 +64,21 @@ ROWS = [
 def run_bench(*, quick: bool, command: str, only: str | None = None) -> dict[str, Any] | None:
     """Run the in-process scenarios, then the process scenarios, then the replica
     pools, then the Ray scenarios if Ray is installed (``only``: ``"inprocess"``,
-    ``"process"``, ``"replicas"`` or ``"ray"``, just those); the report, or ``None``
-    if a run failed (its error output is printed)."""
-    if only in ("process", "replicas", "ray"):
+    ``"process"``, ``"replicas"``, ``"ray"`` or ``"voice"``, just those); the
+    report, or ``None`` if a run failed (its error output is printed)."""
+    if only in ("process", "replicas", "ray", "voice"):
         report: dict[str, Any] | None = header(command=command, quick=quick)
     else:
         report = _run_inprocess(quick=quick, command=command)
     if report is None or only == "inprocess":
         return report
     console = Console(stderr=True)
+    if only == "voice":
+        voice = run_voice_bench(quick=quick, console=console)
+        if voice is None:
+            return None
+        report["voice"] = voice
+        return report
     if only in (None, "process"):
         process = run_process_bench(quick=quick, console=console)
         if process is None:
@@ -184,7 +193,8 @@ def _format(value: float, kind: str) -> str:
 
 def print_report(report: dict[str, Any]) -> None:
     """The comparison table, then the goals; then the process scenarios', the replica
-    pools' and the Ray scenarios' (a report may hold any part alone)."""
+    pools', the Ray scenarios' and the voice scenarios' (a report may hold any part
+    alone)."""
     if "results" in report:
         _print_inprocess(report)
     if "process" in report:
@@ -199,6 +209,10 @@ def print_report(report: dict[str, Any]) -> None:
         print_ray_report(report, Console())
     elif "ray_skipped" in report:
         Console().print(f"Ray scenarios skipped: {report['ray_skipped']}")
+    if "voice" in report:
+        if not {"results", "process", "replicas", "ray"} & report.keys():
+            print_header(report, Console())
+        print_voice_report(report, Console())
 
 
 def _print_inprocess(report: dict[str, Any]) -> None:

@@ -1,6 +1,6 @@
 """``omni-trio bench``: the Trio orchestrator against its asyncio twin (and uvloop),
 the process data plane against its floors, replica pools, and Ray stages against
-worker processes."""
+worker processes; with ``--only voice``, realtime voice."""
 
 from __future__ import annotations
 
@@ -33,11 +33,13 @@ def add_parser(commands: Commands) -> None:
     bench.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     bench.add_argument(
         "--only",
-        choices=["inprocess", "process", "replicas", "ray"],
+        choices=["inprocess", "process", "replicas", "ray", "voice"],
         help="run only the in-process scenarios, only the process scenarios "
         "(worker processes against their floors), only the replica pools (throughput "
-        "and first output at 1 to 8 replicas of a bottleneck stage), or only the Ray "
-        "scenarios (Ray stages on a local two-node cluster beside worker processes)",
+        "and first output at 1 to 8 replicas of a bottleneck stage), only the Ray "
+        "scenarios (Ray stages on a local two-node cluster beside worker processes), or "
+        "the voice scenarios, which a full run leaves out (/v1/realtime spoken to at "
+        "real-time pace: turn latency at 1 and 10 sessions, barge-in; minutes)",
     )
     bench.add_argument(
         "--from",
@@ -54,6 +56,12 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(
             "--only ray needs Ray, which is not installed: pip install 'omni-trio[ray]'"
         )
+    if args.only == "voice" and args.from_file is None:
+        from ..bench._voice_report import voice_missing
+
+        missing = voice_missing()
+        if missing is not None:
+            raise UsageError(f"--only voice: {missing}")
     if args.from_file is not None:
         try:
             with open(args.from_file) as saved:
