@@ -541,3 +541,37 @@ def test_a_long_vocoder_output_goes_out_in_half_second_deltas() -> None:
     for out in outs:
         events.sent(out)
     assert answer.audio_ms == 1200
+
+
+async def test_a_stopping_server_tells_its_sessions_and_closes_them() -> None:
+    async with realtime_server(word_seconds=0.05) as server:
+        endpoint = server.app.state.omni_trio.realtime
+        answering = trio.Event()
+        token = trio.lowlevel.current_trio_token()
+
+        def script(client: Client) -> tuple[dict, dict, int | None]:
+            say(client, "long")
+            client.send("response.create")
+            client.until(DELTAS[1])
+            trio.from_thread.run_sync(answering.set, trio_token=token)
+            done = client.until("response.done")
+            error = client.until("error")
+            with pytest.raises(ConnectionClosed):
+                client.recv(timeout=5)
+            return done, error, client.ws.close_code
+
+        async with trio.open_nursery() as nursery:
+            result: list = []
+
+            async def run() -> None:
+                result.append(await talk(server.ws_url(), script))
+
+            nursery.start_soon(run)
+            await answering.wait()
+            endpoint.stop_all()  # what a drain does once its grace ran out
+        done, error, code = result[0]
+    assert done["response"]["status"] == "cancelled"
+    assert done["response"]["status_details"]["reason"] == "server_shutting_down"
+    assert error["error"]["code"] == "server_shutting_down"
+    assert code == 1012
+    assert len(server.script.fully_aborted()) == 1
