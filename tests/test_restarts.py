@@ -243,7 +243,8 @@ async def test_a_request_fails_clearly_when_no_worker_comes_back_in_time(tmp_pat
     later still waits; then it fails too, after its own."""
     marker = tmp_path / "loaded-once"
     args = f'{{ marker = "{marker}", seconds = 30.0 }}'
-    runtime = f"{RESTART}\nstartup_timeout = 1.0"
+    # 2 s: the first worker's own start must fit in it on a loaded machine
+    runtime = f"{RESTART}\nstartup_timeout = 2.0"
     config = pipeline_config(("exits_then_loads_slowly", args, True, runtime))
     async with running(config) as (pipeline, orch):
         stage = pipeline.stages[0]
@@ -262,7 +263,7 @@ async def test_a_request_fails_clearly_when_no_worker_comes_back_in_time(tmp_pat
         assert outs[-1].finish_reason == "error"
         assert outs[-1].error == (
             "stage 0 failed: WorkerUnavailableError: stage 0 has no worker: it is "
-            "restarting, and no new worker was ready within 1 s (startup_timeout)"
+            "restarting, and no new worker was ready within 2 s (startup_timeout)"
         )
 
 
