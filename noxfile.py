@@ -121,7 +121,7 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on the package (checked as Python 3.10, the oldest supported)."""
     # the 3.10-only dependencies, and the bench extras the benchmark code imports
-    session.install("mypy", "-e", ".[bench,serve,plot]", "exceptiongroup", "taskgroup")
+    session.install("mypy", "-e", ".[bench,serve,plot,voice]", "exceptiongroup", "taskgroup")
     session.run("mypy", "--strict", "src")
 
 
