@@ -6,12 +6,21 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+import pytest
+
 from omni_trio import OrchOutput
 
 #: ``OMNI_TRIO_TEST_SIZE=small``: the soak, the stress tests and the property tests
 #: run smaller (nox runs them at full size on one Python, smaller on the others:
 #: each property is still checked on every Python, and at full size once).
 FULL_SIZE = os.environ.get("OMNI_TRIO_TEST_SIZE", "full") != "small"
+#: Marks a benchmark's smoke run (a quick run of the benchmark end to end): it keeps
+#: the benchmark's code from rotting, which one Python shows as well as four, so it
+#: runs at full size only. The benchmarks' pure parts (their goals, their reports)
+#: are tested on every Python.
+ONLY_FULL_SIZE = pytest.mark.skipif(
+    not FULL_SIZE, reason="a benchmark's smoke run: on the full-size Python only"
+)
 
 
 def view(outputs: Iterable[OrchOutput]) -> list[tuple[int, Any, bool]]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from helpers import ONLY_FULL_SIZE
 from omni_trio.bench._process import QUICK_DEMO_LEVELS, SIZES
 from omni_trio.bench._process_report import MIB, goals
 from omni_trio.cli import main
@@ -43,6 +44,7 @@ def check_timed(figures: dict[str, Any]) -> None:
     assert len(figures["rounds"]) == 1
 
 
+@ONLY_FULL_SIZE
 def test_a_quick_run_reports_every_scenario_and_judges_every_goal(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -15,6 +15,7 @@ import pytest
 import trio
 import trio.testing
 
+from helpers import ONLY_FULL_SIZE
 from omni_trio.bench._device import Device
 from omni_trio.bench._replicas import Sizes, speech_config, summary
 from omni_trio.bench._replicas_report import BATCHES, comparison, goals, speech_installed
@@ -29,6 +30,7 @@ def check_summary(figures: dict[str, float]) -> None:
     assert figures["mean"] <= figures["max"]
 
 
+@ONLY_FULL_SIZE
 def test_a_quick_run_reports_every_level_and_judges_every_goal(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

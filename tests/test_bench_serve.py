@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import _serve_floor as floor
 import bench_serve
 
+from helpers import ONLY_FULL_SIZE
 from omni_trio.serve import FinalOutput
 from omni_trio.serve._answer import Answer, Plan
 from omni_trio.serve._chat import _SSE_HEADERS
@@ -39,6 +40,7 @@ MODEL = "simulated-qwen-omni"
 TEXT, AUDIO = FinalOutput(0, "text", "thinker"), FinalOutput(2, "audio", "code2wav")
 
 
+@ONLY_FULL_SIZE
 def test_the_serving_benchmark_runs_small(tmp_path: Path) -> None:
     env = dict(os.environ)
     src = str(Path(omni_trio.__file__).resolve().parent.parent)

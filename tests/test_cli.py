@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import omni_trio
+from helpers import ONLY_FULL_SIZE
 from omni_trio.cli import main
 
 
@@ -46,6 +47,7 @@ def test_a_command_is_required(capsys):
     assert capsys.readouterr().err == "omni-trio: the following arguments are required: COMMAND\n"
 
 
+@ONLY_FULL_SIZE
 def test_bench_quick_smoke(capsys, monkeypatch):
     """Keeps the benchmark code from rotting; its numbers mean nothing at this size.
 
