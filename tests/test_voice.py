@@ -18,7 +18,6 @@ from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
-import msgspec
 import pytest
 import trio
 
@@ -29,7 +28,7 @@ need_voice()
 import openai  # noqa: E402
 
 from omni_trio import open_pipeline  # noqa: E402
-from omni_trio.config import resolve_pipeline  # noqa: E402
+from omni_trio.bench._voice import voice_config  # noqa: E402
 from omni_trio.serve import RealtimeOptions, ServedModel, create_app, serve  # noqa: E402
 
 QUESTION = "What is the capital city of France?"
@@ -58,17 +57,6 @@ SESSION = {
         "output": {"format": {"type": "audio/pcm", "rate": RATE}},
     },
 }
-
-
-def voice_config(**thinker: Any) -> Any:
-    config = resolve_pipeline("voice")
-    stages = [
-        msgspec.structs.replace(s, engine_args={**s.engine_args, **thinker})
-        if s.name == "thinker" and thinker
-        else s
-        for s in config.stages
-    ]
-    return msgspec.structs.replace(config, stages=stages)
 
 
 @asynccontextmanager

@@ -9,19 +9,13 @@ question's *content* words it holds (:func:`recall`), not by equality.
 from __future__ import annotations
 
 import os
-import re
 
 import pytest
 
-#: Words that carry no content: left out of :func:`content_words`.
-_STOP_TEXT = """
-    a an the and or but if so of to in on at by for with from as into about
-    is are was were be been being am do does did done have has had
-    i you he she it we they me him her us them my your his its our their
-    this that these those there here what which who whom whose when where why how
-    can could would should will shall may might must not no yes please
-"""
-STOP_WORDS = frozenset(_STOP_TEXT.split())
+# The judge of a transcript is the voice bench's, so tests and bench judge alike.
+from omni_trio.bench._voice import STOP_WORDS as STOP_WORDS
+from omni_trio.bench._voice import content_words as content_words
+from omni_trio.bench._voice import recall as recall
 
 #: ``OMNI_TRIO_REQUIRE_VOICE=1``: a missing voice extra fails the tests instead of
 #: skipping them (CI, where it is installed, must not skip them silently).
@@ -54,18 +48,6 @@ def _importable(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
-
-
-def content_words(text: str) -> list[str]:
-    """``text``'s words, lowercase, without :data:`STOP_WORDS`, in order."""
-    return [w for w in re.findall(r"[a-z0-9']+", text.lower()) if w not in STOP_WORDS]
-
-
-def recall(said: str, heard: str) -> float:
-    """The share of ``said``'s content words that ``heard`` holds (1.0 if it has none)."""
-    wanted = content_words(said)
-    got = set(content_words(heard))
-    return sum(word in got for word in wanted) / len(wanted) if wanted else 1.0
 
 
 def spoken(text: str, rate: int = 24_000) -> bytes:

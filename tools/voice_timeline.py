@@ -47,12 +47,11 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import msgspec
 import numpy as np
 import trio
 
 from omni_trio import open_pipeline
-from omni_trio.config import resolve_pipeline
+from omni_trio.bench._voice import voice_config
 from omni_trio.serve import RealtimeOptions, ServedModel, create_app, serve
 from omni_trio.speech import ESpeak, Resampler
 
@@ -200,23 +199,9 @@ async def converse(url: str, recording: Recording) -> None:
         raise RuntimeError(f"expected a cancelled answer, then a completed one: {done}")
 
 
-def voice_config() -> Any:
-    """The shipped voice pipeline, its thinker slowed to :data:`TOKENS_PER_SECOND`."""
-    config = resolve_pipeline("voice")
-    stages = [
-        msgspec.structs.replace(
-            s, engine_args={**s.engine_args, "tokens_per_second": TOKENS_PER_SECOND}
-        )
-        if s.name == "thinker"
-        else s
-        for s in config.stages
-    ]
-    return msgspec.structs.replace(config, stages=stages)
-
-
 async def record() -> Recording:
     """Serve the voice pipeline, hold the conversation, and return what was timed."""
-    config = voice_config()
+    config = voice_config(tokens_per_second=TOKENS_PER_SECOND)
     recording = Recording()
 
     @asynccontextmanager
