@@ -21,14 +21,14 @@ from typing import Any
 import pytest
 import trio
 
-from voice_helpers import need_voice, recall, resample, spoken
+from voice_helpers import need_voice, recall, spoken
 
 need_voice()
 
 import openai  # noqa: E402
 
 from omni_trio import open_pipeline  # noqa: E402
-from omni_trio.bench._voice import voice_config  # noqa: E402
+from omni_trio.bench._voice import SESSION, voice_config  # noqa: E402
 from omni_trio.serve import RealtimeOptions, ServedModel, create_app, serve  # noqa: E402
 
 QUESTION = "What is the capital city of France?"
@@ -41,22 +41,6 @@ QUESTIONS = [
 LONG_QUESTION = "Please tell me a story about the ocean."
 RATE = 24_000
 CHUNK = RATE * 2 // 50  # 20 ms of 24 kHz PCM16
-SESSION = {
-    "type": "realtime",
-    "output_modalities": ["audio"],
-    "audio": {
-        "input": {
-            "format": {"type": "audio/pcm", "rate": RATE},
-            "turn_detection": {
-                "type": "server_vad",
-                "silence_duration_ms": 500,
-                "create_response": True,
-                "interrupt_response": True,
-            },
-        },
-        "output": {"format": {"type": "audio/pcm", "rate": RATE}},
-    },
-}
 
 
 @asynccontextmanager
@@ -167,7 +151,10 @@ async def test_a_spoken_question_through_the_openai_realtime_client() -> None:
 
         async def turn() -> Events:
             events = Events()
-            async with client_of(url).realtime.connect(model="voice-omni") as conn:
+            async with (
+                client_of(url) as client,
+                client.realtime.connect(model="voice-omni") as conn,
+            ):
                 await conn.session.update(session=SESSION)
                 reader = asyncio.create_task(
                     events.read(conn, lambda e: e["type"] == "response.done")
@@ -223,7 +210,10 @@ async def test_an_interrupted_answer_is_cancelled_at_every_stage(how: str) -> No
 
         async def converse() -> Events:
             events = Events()
-            async with client_of(url).realtime.connect(model="voice-omni") as conn:
+            async with (
+                client_of(url) as client,
+                client.realtime.connect(model="voice-omni") as conn,
+            ):
                 await conn.session.update(session=SESSION)
                 await paced(conn, silence(0.3) + question + silence(0.7))
                 await asyncio.wait_for(events.read(conn, first_delta), 30)
@@ -280,7 +270,10 @@ async def test_sessions_hear_their_own_questions() -> None:
 
         async def one(question: str) -> tuple[str, str]:
             events = Events()
-            async with client_of(url).realtime.connect(model="voice-omni") as conn:
+            async with (
+                client_of(url) as client,
+                client.realtime.connect(model="voice-omni") as conn,
+            ):
                 await conn.session.update(session=SESSION)
                 reader = asyncio.create_task(
                     events.read(conn, lambda e: e["type"] == "response.done")
@@ -301,30 +294,31 @@ async def test_sessions_hear_their_own_questions() -> None:
 
 
 async def test_chat_completions_hear_input_audio_through_the_openai_client() -> None:
-    wav = resample(spoken(QUESTION, RATE), RATE, RATE)
+    wav = spoken(QUESTION, RATE)
     async with voice_server() as (url, _):
 
         async def ask() -> Any:
             from omni_trio._audio import wav_bytes
 
-            return await client_of(url).chat.completions.create(
-                model="voice-omni",
-                modalities=["text"],
-                messages=[
-                    {
-                        "role": "user",
-                        "content": [
-                            {
-                                "type": "input_audio",
-                                "input_audio": {
-                                    "data": base64.b64encode(wav_bytes(wav, RATE)).decode(),
-                                    "format": "wav",
-                                },
-                            }
-                        ],
-                    }
-                ],
-            )
+            async with client_of(url) as client:
+                return await client.chat.completions.create(
+                    model="voice-omni",
+                    modalities=["text"],
+                    messages=[
+                        {
+                            "role": "user",
+                            "content": [
+                                {
+                                    "type": "input_audio",
+                                    "input_audio": {
+                                        "data": base64.b64encode(wav_bytes(wav, RATE)).decode(),
+                                        "format": "wav",
+                                    },
+                                }
+                            ],
+                        }
+                    ],
+                )
 
         completion = await in_asyncio(ask)
     text = completion.choices[0].message.content

@@ -51,6 +51,7 @@ import numpy as np
 import trio
 
 from omni_trio import open_pipeline
+from omni_trio.bench._voice import SESSION as VOICE_SESSION
 from omni_trio.bench._voice import voice_config
 from omni_trio.serve import RealtimeOptions, ServedModel, create_app, serve
 from omni_trio.speech import ESpeak, Resampler
@@ -65,22 +66,7 @@ INTERRUPTION = "Wait. What is the weather like in London today?"
 LEAD_IN = 0.5  # seconds of silence before the question
 BARGE_IN_AFTER = 0.5  # seconds after the first answer's first audio delta
 TOKENS_PER_SECOND = 8  # the thinker's pace: slow, so the answer is still streaming
-SESSION: Any = {  # the Realtime session: the openai package types it as a TypedDict
-    "type": "realtime",
-    "output_modalities": ["audio"],
-    "audio": {
-        "input": {
-            "format": {"type": "audio/pcm", "rate": RATE},
-            "turn_detection": {
-                "type": "server_vad",
-                "silence_duration_ms": 500,
-                "create_response": True,
-                "interrupt_response": True,
-            },
-        },
-        "output": {"format": {"type": "audio/pcm", "rate": RATE}},
-    },
-}
+SESSION: Any = VOICE_SESSION  # the openai package types it as a TypedDict
 
 
 # --- the conversation ------------------------------------------------------------

@@ -107,6 +107,19 @@ TURN_DETECTION = {
     "create_response": True,
     "interrupt_response": True,
 }
+#: The ``session.update`` of a voice session: audio out, 24 kHz PCM both ways, server
+#: VAD with barge-in.
+SESSION = {
+    "type": "realtime",
+    "output_modalities": ["audio"],
+    "audio": {
+        "input": {
+            "format": {"type": "audio/pcm", "rate": RATE},
+            "turn_detection": TURN_DETECTION,
+        },
+        "output": {"format": {"type": "audio/pcm", "rate": RATE}},
+    },
+}
 #: A sample louder than this (about -54 dBFS) is speech: where a question's speech
 #: really begins and ends in its audio (eSpeak NG's own silence is digital zero).
 SPEECH_LEVEL = 64
@@ -358,18 +371,7 @@ async def _session(url: str) -> AsyncIterator[tuple[Any, _Inbox, _Mic, dict[str,
         inbox = _Inbox()
         reader = asyncio.create_task(inbox.read(ws))
         created = inbox.log[await inbox.wait(_type("session.created"), 0, "session.created")][1]
-        session = {
-            "type": "realtime",
-            "output_modalities": ["audio"],
-            "audio": {
-                "input": {
-                    "format": {"type": "audio/pcm", "rate": RATE},
-                    "turn_detection": TURN_DETECTION,
-                },
-                "output": {"format": {"type": "audio/pcm", "rate": RATE}},
-            },
-        }
-        await ws.send(json.dumps({"type": "session.update", "session": session}))
+        await ws.send(json.dumps({"type": "session.update", "session": SESSION}))
         await inbox.wait(_type("session.updated"), 0, "session.updated")
         mic = _Mic(ws)
         sender = asyncio.create_task(mic.run())
