@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
 import bench_slow_clients as bench
 
+from helpers import ONLY_FULL_SIZE
 from omni_trio import open_orchestrator
 from omni_trio.process._stage import WORKER_TABLES
 from omni_trio.serve import ServedModel, create_app, serve
@@ -168,6 +169,7 @@ OPTIONS = bench.Options(seconds=5.0, slow=4, idle_timeout=TIMEOUT, tokens_per_se
 MIB = 1024 * 1024
 
 
+@ONLY_FULL_SIZE  # the benchmark end to end, in real time (about 20 s)
 async def test_slow_clients_cost_bounded_memory_and_the_others_nothing(tmp_path: Path) -> None:
     report = await bench.run(OPTIONS, tmp_path)
     print(bench.render(report))  # shown when it fails
