@@ -194,6 +194,10 @@ class Worker:
             return
         if request is None or request.finished:  # nobody will read it
             link.ack(request_id, notice.offset, notice.size)
+            # ... and no chunk of it ever will be: the acknowledgement goes now, not
+            # with a later batch that may never come (an ended request would stay
+            # owed -- a table entry -- until this link carried more)
+            link.forget(request_id)
             return
         if request.running:
             request.inbox_send.send_nowait((notice, link))  # acknowledged once read
