@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 import trio
+from msgspec import UNSET
 
 from ._protocol import OpenAIError
 from ._realtime_conversation import AudioBuffer, Conversation, Item, Out, ResponseEvents, Status
@@ -312,8 +313,6 @@ class Session:
         }
 
     def _update(self, event: SessionUpdate) -> None:
-        from msgspec import UNSET
-
         session = event.session
         if session.output_modalities is not UNSET:
             (wanted,) = session.output_modalities
