@@ -75,6 +75,7 @@ class WorkerConnection:
         self._writer = FrameWriter(self._stream)
         self._scope: trio.CancelScope | None = None  # run()'s tasks
         self._gone_because: str | None = None
+        self._cut = False  # its connection ended under it (closed or broken)
         self._delivering = False  # the reader waits for the stage's outputs channel
         self.report: wire.Pong | None = None
         self.reported_at = self.last_heard
@@ -178,7 +179,9 @@ class WorkerConnection:
             self._over = True
             self._reported.set()  # nothing more will come: refresh() returns
         reason = self._gone_because or "unknown"
-        if reason == CLOSED:  # its own end (an exit status) says more, if it comes promptly
+        if self._cut:  # its own end (an exit status) says more, if it comes promptly: a
+            # killed worker's socket reads as closed, or as reset when it died with our
+            # frames unread
             with trio.move_on_after(1.0):
                 reason = await self.handle.wait()
         self.handle.kill()
@@ -201,9 +204,9 @@ class WorkerConnection:
         self._writer.send_nowait(wire.encode(wire.Ping(self._pings)))
         return self._pings
 
-    def _gone(self, why: str) -> None:
+    def _gone(self, why: str, *, cut: bool = False) -> None:
         if self._gone_because is None:
-            self._gone_because = why
+            self._gone_because, self._cut = why, cut
         assert self._scope is not None
         self._scope.cancel()
 
@@ -211,7 +214,7 @@ class WorkerConnection:
         try:
             await self._writer.run()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self._gone(f"its control connection broke: {describe(exc)}")
+            self._gone(f"its control connection broke: {describe(exc)}", cut=True)
 
     async def _read(self, outputs: trio.MemorySendChannel[StageItem]) -> None:
         in_flight = self.in_flight
@@ -245,8 +248,10 @@ class WorkerConnection:
                     self._delivering = False
                     self.last_heard = trio.current_time()
         except EOFError:
-            self._gone(CLOSED)
-        except (wire.ProtocolError, trio.BrokenResourceError) as exc:
+            self._gone(CLOSED, cut=True)
+        except trio.BrokenResourceError as exc:
+            self._gone(describe(exc), cut=True)
+        except wire.ProtocolError as exc:
             self._gone(describe(exc))
 
     async def _heartbeat(self) -> None:
