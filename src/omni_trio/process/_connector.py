@@ -19,7 +19,6 @@ is dropped silently: a request that lost data ends with an error.
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
@@ -127,9 +126,12 @@ class ShmConnector(metaclass=NoPublicConstructor):
         listen_host: str = "",
         window: int = WINDOW,
         window_bytes: int = WINDOW_BYTES,
+        segments: _shm.Segments = _shm.SHM,
     ) -> None:
         self.routes = {source: tuple(targets) for source, targets in routes.items()}
         self.prefix = prefix
+        #: Where its workers' rings live (a simulation's are in memory).
+        self.segments = segments
         self.inline_chunk_bytes = inline_chunk_bytes
         self.ring_bytes = ring_bytes
         self.listen_host = listen_host
@@ -155,7 +157,7 @@ class ShmConnector(metaclass=NoPublicConstructor):
 
     def statistics(self) -> ConnectorStatistics:
         """Return a snapshot of the workers it knows and the shared memory in use."""
-        names = _shm.listing(self.prefix)
+        names = self.segments.listing(self.prefix)
         chunks: dict[int, int] = {}
         nbytes: dict[int, int] = {}
         for (stage_id, _), worker in sorted(self._workers.items()):
@@ -174,7 +176,7 @@ class ShmConnector(metaclass=NoPublicConstructor):
             workers_attached=len(self._workers),
             routes_sent=self._routes_sent,
             segments_live=len(names),
-            shm_bytes=sum(_size(name) for name in names),
+            shm_bytes=sum(self.segments.size(name) for name in names),
             chunks_unread=chunks,
             chunk_bytes_unread=nbytes,
             lives=len(self._lives),
@@ -279,13 +281,6 @@ class ShmConnector(metaclass=NoPublicConstructor):
             self._tell_sources(stage_id, one)
 
 
-def _size(name: str) -> int:
-    try:
-        return os.stat(os.path.join(_shm.SHM_DIR, name)).st_size
-    except FileNotFoundError:
-        return 0
-
-
 @asynccontextmanager
 async def open_shm_connector(
     routes: Mapping[int, Sequence[int]],
@@ -296,6 +291,7 @@ async def open_shm_connector(
     listen_host: str = "",
     window: int = WINDOW,
     window_bytes: int = WINDOW_BYTES,
+    segments: _shm.Segments = _shm.SHM,
 ) -> AsyncIterator[ShmConnector]:
     """A connector for the block; ``routes`` maps a stage to the stages reading its
     chunks.
@@ -310,7 +306,8 @@ async def open_shm_connector(
     :attr:`ShmConnector.window_bytes`); its sender waits for more.
     The stages given this connector tell their workers so. ``listen_host``: where
     reading workers listen (see :attr:`ShmConnector.listen_host`). Leaving the block frees
-    every segment with its prefix.
+    every segment with its prefix. ``segments``: where the rings live (a simulation
+    gives ``MemorySegments()``).
 
     Raises:
       ValueError: a size out of range (naming the argument).
@@ -331,10 +328,11 @@ async def open_shm_connector(
         listen_host,
         window,
         window_bytes,
+        segments,
     )
     try:
         yield connector
     finally:
         for stage_id in {*connector.routes, *connector.sources}:
             connector.close(stage_id)
-        _shm.sweep(connector.prefix)
+        _shm.sweep(connector.prefix, segments)

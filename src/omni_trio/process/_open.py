@@ -5,7 +5,7 @@ supervisor (:class:`~omni_trio.process.ProcessStage`) for the block."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -184,7 +184,7 @@ def stage_options(options: WorkerOptions | None, backend: str) -> WorkerOptions:
 @asynccontextmanager
 async def open_stage(
     engine: str,
-    launcher: WorkerLauncher,
+    launcher: WorkerLauncher | Sequence[WorkerLauncher],
     *,
     stage_id: int,
     name: str | None,
@@ -193,8 +193,14 @@ async def open_stage(
     connector: ShmConnector | None,
     options: WorkerOptions | None,
 ) -> AsyncIterator[ProcessStage]:
-    options = stage_options(options, launcher.backend)
-    launchers: list[WorkerLauncher] = [launcher] * options.replicas
+    if isinstance(launcher, Sequence):  # one per replica (a simulation's)
+        launchers = list(launcher)
+        options = stage_options(options, launchers[0].backend)
+        if len(launchers) != options.replicas:
+            raise ValueError(f"{len(launchers)} launchers for {options.replicas} replicas")
+    else:
+        options = stage_options(options, launcher.backend)
+        launchers = [launcher] * options.replicas
     if options.devices:  # only a process's (see WorkerOptions): one per replica
         launchers = [
             ProcessLauncher({"CUDA_VISIBLE_DEVICES": device}) for device in options.devices

@@ -3,8 +3,8 @@ actor -- from a config."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from functools import partial
 from typing import Any
 
@@ -17,7 +17,7 @@ from ._open import open_inprocess_stage, open_process_stage
 from ._stage import ProcessStage
 from .worker import _shm
 
-__all__ = ["ProcessPipeline", "open_process_pipeline"]
+__all__ = ["ProcessPipeline", "open_process_pipeline", "open_stages"]
 
 
 @final
@@ -69,7 +69,27 @@ async def open_process_pipeline(config: PipelineConfig) -> AsyncIterator[Process
     Leaving the block stops the workers and sweeps every shared-memory segment the
     pipeline's prefix names, whatever a dead worker left behind.
     """
-    prefix = _shm.new_prefix()
+    async with open_stages(config) as pipeline:
+        yield pipeline
+
+
+#: Opens one configured stage: ``opener(engine, stage_id=, name=, engine_args=,
+#: prefix=, connector=, options=)``, a stage for the block.
+StageOpener = Callable[..., AbstractAsyncContextManager[ProcessStage]]
+
+
+@asynccontextmanager
+async def open_stages(
+    config: PipelineConfig,
+    *,
+    prefix: str | None = None,
+    opener: StageOpener | None = None,
+    segments: _shm.Segments = _shm.SHM,
+) -> AsyncIterator[ProcessPipeline]:
+    """:func:`open_process_pipeline`, with what a simulation replaces: the name
+    prefix, one opener for every stage (instead of its backend's), and where the
+    rings live."""
+    prefix = _shm.new_prefix() if prefix is None else prefix
     config.orchestrator_functions()  # fail early on a bad function import path
     try:
         async with AsyncExitStack() as stack:
@@ -78,7 +98,7 @@ async def open_process_pipeline(config: PipelineConfig) -> AsyncIterator[Process
                 "inprocess": open_inprocess_stage,
             }
             listen_host = ""
-            if any(stage.runtime.backend == "ray" for stage in config.stages):
+            if opener is None and any(stage.runtime.backend == "ray" for stage in config.stages):
                 from ._ray_launcher import open_ray_stage
                 from ._ray_session import open_ray_session
 
@@ -98,6 +118,7 @@ async def open_process_pipeline(config: PipelineConfig) -> AsyncIterator[Process
                         listen_host=listen_host,
                         window=config.pipeline.window,
                         window_bytes=config.pipeline.window_bytes,
+                        segments=segments,
                     )
                 )
                 # Every stage, before the first starts: a worker learns the stages it
@@ -108,7 +129,7 @@ async def open_process_pipeline(config: PipelineConfig) -> AsyncIterator[Process
             stages = []
             for stage in config.stages:
                 process_stage = await stack.enter_async_context(
-                    openers[stage.runtime.backend](
+                    (opener or openers[stage.runtime.backend])(
                         stage.engine,
                         stage_id=stage.stage_id,
                         name=stage.label,
@@ -121,4 +142,4 @@ async def open_process_pipeline(config: PipelineConfig) -> AsyncIterator[Process
                 stages.append(process_stage)
             yield ProcessPipeline(config, stages, prefix, connector)
     finally:
-        _shm.sweep(prefix)
+        _shm.sweep(prefix, segments)

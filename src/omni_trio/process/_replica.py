@@ -399,7 +399,7 @@ class Replica:
                 connector.detach(self.stage_id, self.index)
             await worker.aclose()  # shielded, and bounded by shutdown_grace
             name = _shm.worker_name(self._prefix, self.stage_id, worker.generation)
-            swept = _shm.sweep(f"{name}-")
+            swept = 0 if connector is None else _shm.sweep(f"{name}-", connector.segments)
             if swept:
                 logger.info(
                     "%s: swept %d segments of worker #%d", self.label, swept, worker.generation

@@ -21,6 +21,7 @@ import trio.testing
 
 from .._util import final
 from ._ray_session import import_ray, loopback_only
+from .worker._shm import SHM, Segments
 
 __all__ = ["LocalRayCluster", "MemoryNetwork", "local_ray_cluster"]
 
@@ -106,13 +107,17 @@ class MemoryNetwork:
       shared_memory: Whether links may carry ring offsets (default: yes; the workers
           share this process, and so its shared memory). ``False`` sends every chunk
           inline, as a TCP link does.
+      segments: Where the workers' rings live (default: files in ``/dev/shm``, as a
+          worker process's); a simulation gives ``MemorySegments()``, buffers of this
+          process.
 
     Attributes:
       connections: How many links were opened so far.
     """
 
-    def __init__(self, *, shared_memory: bool = True) -> None:
+    def __init__(self, *, shared_memory: bool = True, segments: Segments = SHM) -> None:
         self.shared_memory = shared_memory
+        self.segments = segments
         self.connections = 0
         self._listeners: dict[str, _MemoryListener] = {}
 

@@ -428,7 +428,9 @@ class OutLink:
     def _new_ring(self, connection: _Connection) -> RingWriter:
         self._rings += 1
         name = f"{self._ring_prefix}{self._rings}"
-        ring = connection.ring = RingWriter.create(name, self._init.ring_bytes)
+        ring = connection.ring = RingWriter.create(
+            name, self._init.ring_bytes, self._transport.segments
+        )
         connection.writer.send_nowait(wire.encode(wire.Ring(name)))
         return ring
 

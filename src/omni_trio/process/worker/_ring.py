@@ -8,7 +8,9 @@ hands out slots, and unlinks it when it closes; each :class:`RingReader` maps it
 name and never unlinks it (a mapping outlives the name, so reading after the unlink
 still works). No ``multiprocessing.shared_memory`` and no resource tracker: a plain
 ``open``, ``posix_fallocate`` (which reserves the memory, so a full ``/dev/shm`` fails
-the create rather than a later write, with SIGBUS) and ``mmap``.
+the create rather than a later write, with SIGBUS) and ``mmap`` (``_shm.SHM``). A
+simulated pipeline's rings are buffers of its one process instead
+(``_shm.MemorySegments``): the same ring, the same allocator.
 
 A slot starts at a multiple of :data:`ALIGN` (64 bytes, a cache line) with a 16-byte
 header -- the chunk's tag (an opaque u64 the caller derives from its request and
@@ -32,8 +34,6 @@ so a chunk that fits the ring at all fits an empty one.
 
 from __future__ import annotations
 
-import mmap
-import os
 import struct
 from bisect import bisect_left, bisect_right
 
@@ -51,8 +51,6 @@ HEADER = _HEADER.size
 MIN_SIZE = 4096
 _MAX_TAG = 2**64 - 1
 _FREED = (0, 2**64 - 1)  # the header of a freed slot: a size no read asks for
-# Pre-fault the mapping's pages when it is made (Linux), not on the first chunks.
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
 class RingError(Exception):
@@ -65,10 +63,9 @@ def slot_bytes(nbytes: int) -> int:
     return -(-(HEADER + nbytes) // ALIGN) * ALIGN
 
 
-def _path(name: str) -> str:
+def _check_name(name: str) -> None:
     if not name or "/" in name:
         raise ValueError(f"a ring's name must be a non-empty file name, not {name!r}")
-    return os.path.join(_shm.SHM_DIR, name)
 
 
 class _Slot:
@@ -84,10 +81,13 @@ class RingWriter:
     """The sending worker's side: creates the segment, allocates and writes slots,
     and unlinks it at :meth:`close`."""
 
-    def __init__(self, name: str, size: int, segment: mmap.mmap) -> None:
+    def __init__(
+        self, name: str, size: int, segment: _shm.Segment, segments: _shm.Segments
+    ) -> None:
         self.name = name
         self.size = size
-        self._map: mmap.mmap | None = segment
+        self._map: _shm.Segment | None = segment
+        self._segments = segments
         self._live: dict[int, _Slot] = {}  # offset -> not yet freed slot
         # The free runs of space, apart (two that touch are merged): where each
         # starts, in order, and where it ends.
@@ -97,9 +97,10 @@ class RingWriter:
         self._in_use = 0
 
     @classmethod
-    def create(cls, name: str, size: int) -> RingWriter:
+    def create(cls, name: str, size: int, segments: _shm.Segments = _shm.SHM) -> RingWriter:
         """Create and map a ring of ``size`` usable bytes (rounded up to a multiple of
-        :data:`ALIGN`) named ``name`` in :data:`_shm.SHM_DIR`.
+        :data:`ALIGN`) named ``name`` in ``segments`` (by default files in
+        :data:`_shm.SHM_DIR`).
 
         Raises:
           ValueError: ``size`` is below :data:`MIN_SIZE`, or ``name`` is no file name.
@@ -109,18 +110,9 @@ class RingWriter:
         if size < MIN_SIZE:
             raise ValueError(f"a ring needs at least {MIN_SIZE} bytes, not {size}")
         size = -(-size // ALIGN) * ALIGN
-        path = _path(name)
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            # Reserve the memory now: a full /dev/shm fails here, not with SIGBUS at a write.
-            os.posix_fallocate(fd, 0, size)
-            segment = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
-        except BaseException:
-            os.unlink(path)
-            raise
-        finally:
-            os.close(fd)
-        return cls(name, size, segment)
+        _check_name(name)
+        segment = segments.create(name, size)
+        return cls(name, size, segment, segments)
 
     @property
     def in_use(self) -> int:
@@ -266,10 +258,10 @@ class RingWriter:
         if self._map is not None:
             self._map.close()
             self._map = None
-            _shm.unlink(self.name)
+            self._segments.unlink(self.name)
         self.free_all()
 
-    def _segment(self) -> mmap.mmap:
+    def _segment(self) -> _shm.Segment:
         if self._map is None:
             raise RingError(f"ring {self.name} is closed")
         return self._map
@@ -282,27 +274,26 @@ class RingWriter:
 class RingReader:
     """The reading worker's side: maps an existing ring by name, reads slots."""
 
-    def __init__(self, name: str, segment: mmap.mmap) -> None:
+    def __init__(self, name: str, segment: _shm.Segment) -> None:
         self.name = name
         self.size = len(segment)
-        self._map: mmap.mmap | None = segment
+        self._map: _shm.Segment | None = segment
 
     @classmethod
-    def open(cls, name: str) -> RingReader:
-        """Map the ring ``name``, read-only.
+    def open(cls, name: str, segments: _shm.Segments = _shm.SHM) -> RingReader:
+        """Map the ring ``name`` (of ``segments``, by default :data:`_shm.SHM`),
+        read-only.
 
         Raises:
           FileNotFoundError: there is no such ring (any more).
           RingError: the file is too small or misshapen to be a ring.
         """
-        fd = os.open(_path(name), os.O_RDONLY)
-        try:
-            size = os.fstat(fd).st_size
-            if size < MIN_SIZE or size % ALIGN:
-                raise RingError(f"{name} is not a ring: {size} bytes")
-            segment = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
-        finally:
-            os.close(fd)
+        _check_name(name)
+        segment = segments.open(name)
+        size = len(segment)
+        if size < MIN_SIZE or size % ALIGN:
+            segment.close()
+            raise RingError(f"{name} is not a ring: {size} bytes")
         return cls(name, segment)
 
     def read(self, offset: int, tag: int, size: int) -> bytes:
@@ -326,7 +317,8 @@ class RingReader:
         start = offset + HEADER
         if start + size > self.size:  # a torn header; a writer never writes one
             raise RingError(f"the slot at offset {offset} of ring {self.name} overruns it")
-        return segment[start : start + size]
+        data = segment[start : start + size]
+        return data if type(data) is bytes else bytes(data)  # a simulation's bytearray
 
     def close(self) -> None:
         """Unmap the ring (never unlink it). Idempotent."""

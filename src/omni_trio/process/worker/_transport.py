@@ -24,7 +24,7 @@ from typing import Protocol
 import trio
 
 from ..._util import final
-from ._shm import worker_name
+from ._shm import SHM, Segments, worker_name
 
 __all__ = ["LINK_SEND_BUFFER", "SocketTransport", "Transport", "listen_address", "tcp_address"]
 
@@ -36,7 +36,10 @@ _BACKLOG = 64
 
 
 class Transport(Protocol):
-    """Where a worker's chunk links come from."""
+    """Where a worker's chunk links come from, and the segments its rings live in
+    (those a link that may carry ring offsets shares with its reader)."""
+
+    segments: Segments
 
     async def listen(self, name: str) -> tuple[trio.abc.Listener[trio.abc.Stream], str]:
         """Listen for the links of upstream workers.
@@ -74,6 +77,8 @@ class SocketTransport:
     """Chunk links over sockets: a worker listens on an abstract Unix socket of its
     host, or -- with ``host`` -- on TCP at that address, so that workers of other hosts
     can connect (a Ray actor listens on its node's address). It connects to either."""
+
+    segments: Segments = SHM
 
     def __init__(self, host: str = "") -> None:
         self.host = host
