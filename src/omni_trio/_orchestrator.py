@@ -20,7 +20,7 @@ import contextlib
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -81,8 +81,10 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         max_in_flight: int | None,
         shutdown_grace: float,
         limits: FlowLimits,
+        new_request_id: Callable[[], str],
     ) -> None:
         self._stages = tuple(stages)
+        self._new_request_id = new_request_id
         self._shutdown_grace = shutdown_grace
         self._closed = False  # no more admissions (set when the block exits)
         self._inbox_send, self._inbox = trio.open_memory_channel[InboxMessage](INBOX_SIZE)
@@ -165,7 +167,7 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         Arguments, waiting and errors are those of :meth:`add_request`; without a
         ``request_id``, a unique one is generated (see :attr:`RequestStream.request_id`).
         """
-        rid = check_request_id(uuid.uuid4().hex if request_id is None else request_id)
+        rid = check_request_id(self._new_request_id() if request_id is None else request_id)
         stream, outbox = new_stream(rid, self._flow)
         await self._admit(rid, prompt, final_stage_ids, outbox)
         try:
@@ -450,6 +452,10 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         await self._deliveries_done.wait()
 
 
+def _random_request_id() -> str:
+    return uuid.uuid4().hex
+
+
 @asynccontextmanager
 async def open_orchestrator(
     stages: Sequence[Stage],
@@ -464,6 +470,7 @@ async def open_orchestrator(
     max_unread_outputs: int = MAX_UNREAD_OUTPUTS,
     consumer_idle_timeout: float = CONSUMER_IDLE_TIMEOUT,
     max_forward_bytes: int = MAX_FORWARD_BYTES,
+    new_request_id: Callable[[], str] | None = None,
 ) -> AsyncIterator[Orchestrator]:
     """Run an orchestrator over ``stages`` for the duration of the block.
 
@@ -502,6 +509,8 @@ async def open_orchestrator(
           waiting counts. ``0`` turns it off.
       max_forward_bytes: Forward mode: a request whose stage sends more than this
           many bytes of data for the next stage's input fails, naming the key.
+      new_request_id: Makes the id of a request opened without one (default: a
+          random ``uuid4().hex``). A simulation gives ids drawn from its seed.
 
     Raises:
       ValueError: no stages, both or neither of ``forward_fn`` and ``prewarm_fn``,
@@ -525,8 +534,15 @@ async def open_orchestrator(
         consumer_idle_timeout=consumer_idle_timeout,
         max_forward_bytes=max_forward_bytes,
     )
+    if new_request_id is not None and not callable(new_request_id):
+        raise TypeError(f"new_request_id must be callable, got {new_request_id!r}")
     orchestrator = Orchestrator._create(  # noqa: SLF001 - the module's own factory
-        core, checked, max_in_flight=max_in_flight, shutdown_grace=shutdown_grace, limits=limits
+        core,
+        checked,
+        max_in_flight=max_in_flight,
+        shutdown_grace=shutdown_grace,
+        limits=limits,
+        new_request_id=new_request_id or _random_request_id,
     )
     with unwrap_single_exception():
         async with orchestrator._running():  # noqa: SLF001 - the module's own factory
