@@ -26,6 +26,7 @@ from typing import Any
 import attrs
 import trio
 
+from .._threads import run_in_thread
 from ..process import ChunkIO, Engine, EngineRequest, Last
 from ._espeak import ESpeak
 
@@ -118,7 +119,7 @@ def talker(voice: str = "en", first_phrase_words: int = 4, phrase_words: int = 1
 
     async def codes_of(phrase: str) -> str:
         call = partial(phrase_codes, speech, phrase, voice)
-        return await trio.to_thread.run_sync(call, limiter=limiter)
+        return await run_in_thread(call, limiter=limiter, what="eSpeak NG")
 
     def splitter() -> PhraseSplitter:
         return PhraseSplitter(first_phrase_words, phrase_words)
@@ -166,7 +167,7 @@ def code2wav(voice: str = "en", words_per_minute: int = 175) -> Engine:
         call = partial(
             speech.synthesize, codes, voice=voice, words_per_minute=words_per_minute, phonemes=True
         )
-        return await trio.to_thread.run_sync(call, limiter=limiter)
+        return await run_in_thread(call, limiter=limiter, what="eSpeak NG")
 
     async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
         if io.connected:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict
 import attrs
 import trio
 
+from .._threads import run_in_thread
 from ..process import ChunkIO, Engine, EngineRequest, Last
 
 if TYPE_CHECKING:
@@ -262,7 +263,7 @@ def listen(
             transcript = heard.text or ""
         else:
             call = partial(transcribe, heard.audio, heard.sample_rate)
-            transcript = await trio.to_thread.run_sync(call, limiter=limiter)
+            transcript = await run_in_thread(call, limiter=limiter, what="Whisper")
         if io.connected and transcript:
             await io.send(transcript.encode("utf-8"))
         yield Last(transcript)
