@@ -163,10 +163,14 @@ class WorkerRequest:
         self.source: InLink | None = None
         self.source_life = 0
 
-    def drain(self, keep: Callable[[int], bool] = lambda life: False) -> None:
+    def drain(
+        self, keep: Callable[[int], bool] = lambda life: False, after: int | None = None
+    ) -> list[Notice]:
         """Drop what waits in the inbox (acknowledging it), but for the notices of
-        the lives ``keep`` says to keep."""
+        the lives ``keep`` says to keep; return, rather than drop, those of the
+        lives after ``after`` (if given): a later life of the id, to come."""
         kept = []
+        later: list[Notice] = []
         while True:
             try:
                 notice, link = self.inbox_receive.receive_nowait()
@@ -174,16 +178,23 @@ class WorkerRequest:
                 break
             if keep(notice.life):
                 kept.append((notice, link))
+            elif after is not None and notice.life > after:
+                later.append((notice, link))
             elif link is not None and isinstance(notice, wire.Chunk) and not notice.eos:
                 link.ack(notice.request_id, notice.offset, notice.size)
         self.upstream_done = False
         self.held = self.held_bytes = 0
         for notice, link in kept:
-            self.upstream_done |= isinstance(notice, wire.Chunk) and notice.eos
-            if link is None and isinstance(notice, wire.Chunk):  # taken on arrival
-                self.held += 1
-                self.held_bytes += notice.size
-            self.inbox_send.send_nowait((notice, link))
+            self.hold(notice, link)
+        return later
+
+    def hold(self, notice: wire.Chunk | wire.Lost, link: InLink | None) -> None:
+        """Put a notice in the inbox, counting what it holds."""
+        self.upstream_done |= isinstance(notice, wire.Chunk) and notice.eos
+        if link is None and isinstance(notice, wire.Chunk) and not notice.eos:
+            self.held += 1  # taken on arrival
+            self.held_bytes += notice.size
+        self.inbox_send.send_nowait((notice, link))
 
 
 class RequestIO:
@@ -230,6 +241,14 @@ class RequestIO:
     def __aiter__(self) -> RequestIO:
         return self
 
+    def _ack(self, link: InLink, notice: wire.Chunk) -> None:
+        """Acknowledge a chunk its engine took. Once its request was released (its
+        engine not yet at a checkpoint that ends it), at once: nothing else will
+        send it, and it would stay owed for good."""
+        link.ack(self._request_id, notice.offset, notice.size)
+        if self._request.finished:
+            link.forget(self._request_id)
+
     async def __anext__(self) -> bytes:
         request = self._request
         if request.eof:
@@ -253,7 +272,7 @@ class RequestIO:
                     await gate.enter()
                 except BaseException:  # cancelled: nobody reads it, give it back
                     if link is not None and isinstance(notice, wire.Chunk) and not notice.eos:
-                        link.ack(self._request_id, notice.offset, notice.size)
+                        self._ack(link, notice)
                     raise
                 request.inside = True
             if isinstance(notice, wire.Lost):
@@ -261,7 +280,7 @@ class RequestIO:
             elif notice.seq != request.expected:
                 request.broken = f"chunk {request.expected} of its upstream stage never arrived"
                 if link is not None and not notice.eos:  # its window and its slot back
-                    link.ack(self._request_id, notice.offset, notice.size)
+                    self._ack(link, notice)
             elif notice.eos:
                 request.eof = True
                 raise StopAsyncIteration
@@ -274,7 +293,7 @@ class RequestIO:
                             data = link.read(notice)
                         except (RingError, wire.ProtocolError) as exc:
                             request.broken = f"chunk {notice.seq}: {exc}"
-                    link.ack(self._request_id, notice.offset, notice.size)
+                    self._ack(link, notice)
                 if request.broken is None and data is not None:
                     return data
                 request.broken = request.broken or f"chunk {notice.seq} arrived without its data"

@@ -28,7 +28,7 @@ from . import _wire as wire
 from ._engine import ChunkLostError, Engine, EngineFactory, EngineRequest, Last
 from ._framing import PEER_GONE, FrameReader, FrameWriter, write_until_closed
 from ._links import InLink, OutLink
-from ._requests import Gate, OutputCredit, RequestIO, WorkerRequest
+from ._requests import Gate, Notice, OutputCredit, RequestIO, WorkerRequest
 from ._ring import RingError, RingReader
 from ._shm import worker_name
 from ._transport import SocketTransport, Transport
@@ -46,6 +46,13 @@ EARLY_WINDOWS = 16
 
 #: How many released request ids a worker remembers (see ``Worker.released``).
 REMEMBER_RELEASED = 4096
+
+#: Test-only switch. A chunk (or loss) from upstream belongs to the life of its
+#: request id it was sent in; it is checked against the life that runs here, and a
+#: chunk of an ended or another life is never read as this one's. ``False`` skips
+#: that check: the bug ``tests/test_simulation.py`` switches on to show that seeded
+#: simulation catches it (an id used again would read its last life's chunks).
+CHECK_CHUNK_OWNERSHIP = True
 
 #: What reading from the orchestrator (or an upstream worker) raises once it went
 #: away: an end of stream, or a reset (it closed with frames of ours unread). Either
@@ -82,6 +89,11 @@ class Worker:
         self.lost: dict[str, tuple[int, str]] = {}
         #: Its connections from upstream workers, while they last.
         self.inlinks: set[InLink] = set()
+        #: Chunks (taken) of a later life of a request id than the one here, in
+        #: arrival order: the id's upstream stages got its next Submit, and sent,
+        #: before this worker read the release of its last life. Each becomes the
+        #: next life's at that release.
+        self.later: dict[str, list[Notice]] = {}
 
     def _request(self, request_id: str) -> WorkerRequest:
         known = self.requests.get(request_id)
@@ -99,7 +111,11 @@ class Worker:
                 return True
             request = self._request(message.request_id)
             life = request.life = message.life
-            request.drain(keep=lambda of: of == life)  # not what an earlier life left
+            # Not what an earlier life left; a later life's (its upstream ran ahead)
+            # waits for it.
+            later = request.drain(keep=lambda of: of == life, after=life)
+            if later:
+                self.later[message.request_id] = later + self.later.get(message.request_id, [])
             request.running = True  # from now on its engine acknowledges its chunks
             if message.outputs:
                 request.credit = OutputCredit(message.outputs, message.nbytes)
@@ -165,7 +181,7 @@ class Worker:
             link.forget(frame.request_id)  # its sender is done with it: what is owed goes
         elif kind is wire.Ring:
             try:
-                link.ring = RingReader.open(frame.name)
+                link.ring = RingReader.open(frame.name, self.transport.segments)
             except FileNotFoundError:  # its sender died, and the ring was freed
                 link.ring_missing = f"ring {frame.name} is gone (its worker died)"
         else:
@@ -175,8 +191,15 @@ class Worker:
         request_id, life = notice.request_id, notice.life
         released = self.released.get(request_id)
         request = None
-        if released is None or life > released:  # not of a life that has ended here
+        if not CHECK_CHUNK_OWNERSHIP:  # the bug the simulation's tests must catch
             request = self._request(request_id)
+        elif released is None or life > released:  # not of a life that has ended here
+            request = self._request(request_id)
+            if request.life and life > request.life:
+                # The id's next life, here before this one's release (its upstream
+                # got its Submit first): kept for it, never read as this one's.
+                self._set_aside(link, notice)
+                return
             if request.life and life != request.life:
                 request = None  # a chunk of an earlier life of the id: never this one's
         if isinstance(notice, wire.Lost):
@@ -218,18 +241,39 @@ class Worker:
             )
             return
         request.source, request.source_life = link, life
-        taken: wire.Chunk | wire.Lost = notice
-        if notice.offset >= 0:
+        request.hold(self._take(link, notice), None)
+
+    @staticmethod
+    def _take(link: InLink, chunk: wire.Chunk) -> wire.Chunk | wire.Lost:
+        """Copy a chunk out of its link (its ring) and acknowledge it: it is held here
+        now, and its sender is free of it."""
+        taken: wire.Chunk | wire.Lost = chunk
+        request_id, life = chunk.request_id, chunk.life
+        if chunk.offset >= 0:
             try:
-                data = link.read(notice)
-                taken = wire.Chunk(request_id, notice.seq, notice.size, data=data, life=life)
+                data = link.read(chunk)
+                taken = wire.Chunk(request_id, chunk.seq, chunk.size, data=data, life=life)
             except (RingError, wire.ProtocolError) as exc:
-                taken = wire.Lost(request_id, f"chunk {notice.seq}: {exc}", life)
-        link.ack(request_id, notice.offset, notice.size)
-        if isinstance(taken, wire.Chunk):
-            request.held += 1
-            request.held_bytes += notice.size
-        request.inbox_send.send_nowait((taken, None))
+                taken = wire.Lost(request_id, f"chunk {chunk.seq}: {exc}", life)
+        link.ack(request_id, chunk.offset, chunk.size)
+        return taken
+
+    def _set_aside(self, link: InLink, notice: wire.Chunk | wire.Lost) -> None:
+        """Keep a notice of a later life of a request id than the one running here
+        until this one's release (see :attr:`later`): taken now, as a request's
+        that is not running yet, and as bounded."""
+        request_id, life = notice.request_id, notice.life
+        later = self.later.setdefault(request_id, [])
+        if isinstance(notice, wire.Lost) or notice.eos:
+            later.append((notice, None if isinstance(notice, wire.Lost) else link))
+            return
+        most = EARLY_WINDOWS * self.init.window
+        if len(later) >= most:
+            link.ack(request_id, notice.offset, notice.size)
+            del self.later[request_id]
+            self._lose(request_id, life, f"more than {most} chunks of it came before its Submit")
+            return
+        later.append((self._take(link, notice), None))
 
     def link_closed(self, link: InLink) -> None:
         """An upstream worker's connection ended. Nothing is failed here: a request
@@ -255,6 +299,11 @@ class Worker:
     def _forget(self, request_id: str, life: int) -> bool:
         """Drop what a request that is not running here holds of its lives up to
         ``life``, and forget it if that was all; whether it was forgotten."""
+        later = self.later.pop(request_id, None)
+        if later is not None:
+            kept = [(notice, link) for notice, link in later if notice.life > life]
+            if kept:
+                self.later[request_id] = kept
         request = self.requests.get(request_id)
         if request is None or request.running or request.finished:
             return False
@@ -295,10 +344,18 @@ class Worker:
             request.scope.cancel()
             request.finished = True
             request.drain()
-        self.released[request_id] = max(life, self.released.pop(request_id, 0))
+        ended = self.released[request_id] = max(life, self.released.pop(request_id, 0))
         self.lost.pop(request_id, None)
         if len(self.released) > REMEMBER_RELEASED:
             del self.released[next(iter(self.released))]
+        later = self.later.pop(request_id, None)
+        if later is not None:  # the id's next life has come already
+            kept = [(notice, source) for notice, source in later if notice.life > ended]
+            if kept:
+                following = self._request(request_id)
+                for notice, source in kept:
+                    following.hold(notice, source)
+                following.source_life = kept[-1][0].life
         for link in self.outlinks.values():
             link.release(request_id)
         for inlink in self.inlinks:
@@ -310,6 +367,7 @@ class Worker:
 
     def close(self) -> None:
         """The worker stops: every request is released, every link closed."""
+        self.later.clear()
         self.release_all()
         for link in self.outlinks.values():
             link.close()
@@ -324,6 +382,11 @@ class Worker:
             if not request.running:
                 held += request.held
                 held_bytes += request.held_bytes
+        for later in self.later.values():
+            for notice, _ in later:
+                if isinstance(notice, wire.Chunk) and not notice.eos:
+                    held += 1
+                    held_bytes += notice.size
         unacked = unacked_bytes = written = ring_bytes = 0
         for link in self.outlinks.values():
             chunks, nbytes, requests, in_use = link.usage()
