@@ -168,6 +168,21 @@ def test_the_idle_clock_counts_only_outputs_waiting():
     assert flow.next_deadline() is None
 
 
+def test_an_output_is_idle_at_its_deadline_whatever_the_rounding():
+    """0.187719 + 0.5 == 0.687719, but 0.687719 - 0.5 < 0.187719: an output flushed
+    at 0.187719 must be idle at the deadline it was armed for. (Compared with
+    ``now - timeout``, it was not, and expire() armed it again at the same instant
+    for ever: a seeded simulation hung there.)"""
+    flow, _ = ledger(FlowLimits(1000, 10, 0.5))
+    outbox = stream_of(flow, "r")
+    flush(outbox, out("r", 0, "a"), at=0.187719)
+    deadline = flow.next_deadline()
+    assert deadline == 0.187719 + 0.5
+    assert deadline - 0.5 < 0.187719  # the rounding that bit
+    assert flow.expire(deadline) == ["r"]
+    assert flow.next_deadline() is None
+
+
 def test_a_closed_stream_stops_counting():
     flow, sent = ledger()
     outbox = stream_of(flow, "r")

@@ -262,7 +262,7 @@ class FlowLedger:
             if not self._counts(outbox):
                 continue
             assert timeout is not None
-            names, again = outbox.idle(now - timeout)
+            names, again = outbox.idle(now, timeout)
             idle += names
             if again is None:
                 outbox.disarm()

@@ -178,15 +178,20 @@ class OutboxBase:
         while terminals and terminals[0][0] < taken:
             flow.forget(terminals.popleft()[1])
 
-    def idle(self, before: float) -> tuple[list[str], float | None]:
-        """The requests with an output flushed at or before ``before`` and not taken
-        (each batch is looked at once), and when the next batch not looked at was
-        flushed (``None``: none waits)."""
+    def idle(self, now: float, timeout: float) -> tuple[list[str], float | None]:
+        """The requests with an output flushed ``timeout`` seconds or more before
+        ``now`` and not taken (each batch is looked at once), and when the next batch
+        not looked at was flushed (``None``: none waits).
+
+        A batch is idle once ``flushed + timeout <= now``: the very sum its deadline
+        is armed at, so that at that deadline it is idle. (``flushed <= now -
+        timeout`` may round the other way, and the batch would be looked at, and
+        armed again, at the same instant for ever.)"""
         self.reconcile()
         waiting = 0  # of the unread outputs, how many came in the batches looked at
         first = self._sent - self.unread()  # the index of the oldest unread output
         for end, flushed, _ in self._parcels:
-            if flushed > before:
+            if flushed + timeout > now:
                 return self._requests_in(waiting), flushed
             if flushed > self._idle_seen:
                 waiting = end - first
