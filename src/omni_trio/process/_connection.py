@@ -47,6 +47,11 @@ class WorkerConnection:
       handle: The worker (a process, a task), to kill it and wait for its end.
       generation: Which of its stage's workers this is (1, 2, ... as it restarts).
       in_flight: Requests submitted to it that it has not finished or failed.
+      lives: The life of each request submitted to it and not yet released: its
+          outputs of any other life (one released already) are stale.
+      stale_outputs: Outputs it sent of a life already released, dropped here: they
+          came after the release, and a later request of the same id must not get
+          them.
       last_heard: When it last sent anything (``trio.current_time()``).
       address: Where it listens for chunks from upstream workers ("" if it reads
           none).
@@ -66,6 +71,8 @@ class WorkerConnection:
         self.generation = generation
         self.address = ""
         self.in_flight: set[str] = set()
+        self.lives: dict[str, int] = {}
+        self.stale_outputs = 0
         self.last_heard = trio.current_time()
         self._label = label
         self._options = options
@@ -139,10 +146,11 @@ class WorkerConnection:
 
     # -- what its stage sends -----------------------------------------------------------
 
-    def submit(self, request_id: str, frame: bytes | bytearray) -> None:
-        """Send an encoded ``wire.Submit`` for ``request_id``."""
+    def submit(self, request_id: str, frame: bytes | bytearray, life: int) -> None:
+        """Send an encoded ``wire.Submit`` for ``request_id``'s life ``life``."""
         self._writer.send_nowait(frame)
         self.in_flight.add(request_id)
+        self.lives[request_id] = life
 
     def credit(self, request_id: str, outputs: int, nbytes: int) -> None:
         self._writer.send_nowait(wire.encode(wire.Credit(request_id, outputs, nbytes)))
@@ -152,6 +160,7 @@ class WorkerConnection:
 
     def release(self, request_id: str) -> None:
         self.in_flight.discard(request_id)
+        self.lives.pop(request_id, None)
         self._writer.send_nowait(wire.encode(wire.Release(request_id)))
 
     def route(self, stage_id: int, address: str, *, gone: bool = False, replica: int = 0) -> None:
@@ -217,7 +226,7 @@ class WorkerConnection:
             self._gone(f"its control connection broke: {describe(exc)}", cut=True)
 
     async def _read(self, outputs: trio.MemorySendChannel[StageItem]) -> None:
-        in_flight = self.in_flight
+        in_flight, lives = self.in_flight, self.lives
         try:
             while True:
                 frames = await self._reader.receive()
@@ -225,7 +234,11 @@ class WorkerConnection:
                 items: list[StageOutput] = []
                 for frame in frames:
                     kind = type(frame)
-                    if kind is wire.Output:
+                    if (kind is wire.Output or kind is wire.Failed) and lives.get(
+                        frame.request_id
+                    ) != frame.life:
+                        self.stale_outputs += 1  # its life was released: late, not ours
+                    elif kind is wire.Output:
                         items.append(StageOutput(frame.request_id, frame.data, frame.finished))
                         if frame.finished:
                             in_flight.discard(frame.request_id)

@@ -116,6 +116,8 @@ class Replica:
         self.death_cause: str | None = None
         self._releases_for_next: list[str] = []  # released while there was no worker
         self._lives: dict[str, int] = {}  # submitted, not released: the life it was in
+        self._own_lives = itertools.count(1)  # without a connector, lives are its own
+        self._stale_outputs = 0  # of its workers that have gone
         #: Submitted while there was no worker, in submit order: sent to the next one.
         self._pending: dict[str, _PendingSubmit] = {}
         self._pending_added = trio.Event()  # wakes _expire_submits
@@ -132,6 +134,13 @@ class Replica:
     def worker(self) -> WorkerConnection | None:
         """Its worker right now (``None`` while it has none)."""
         return self._worker
+
+    @property
+    def stale_outputs(self) -> int:
+        """Outputs its workers sent of a released life (see
+        ``WorkerConnection.stale_outputs``), all of them so far."""
+        worker = self._worker
+        return self._stale_outputs + (0 if worker is None else worker.stale_outputs)
 
     @property
     def load(self) -> int:
@@ -164,9 +173,8 @@ class Replica:
         if self._worker is None and self.death_cause is not None:
             raise WorkerUnavailableError(f"{self.label} has no worker any more: {self.death_cause}")
         connector = self._connector
-        life = 0 if connector is None else connector.life(request_id)
-        if connector is not None:
-            self._lives[request_id] = life  # ended at its release (even if encoding fails)
+        life = next(self._own_lives) if connector is None else connector.life(request_id)
+        self._lives[request_id] = life  # ended at its release (even if encoding fails)
         outputs, nbytes = self._windows.pop(request_id, (0, 0))
         submit = wire.Submit(request_id, inputs, life, outputs, nbytes)
         if replicas:
@@ -176,7 +184,7 @@ class Replica:
             self._flow_controlled.add(request_id)  # until its release
         worker = self._worker
         if worker is not None:
-            worker.submit(request_id, frame)
+            worker.submit(request_id, frame, life)
         else:
             deadline = trio.current_time() + self.options.startup_timeout
             self._pending[request_id] = _PendingSubmit(frame, deadline)
@@ -235,7 +243,7 @@ class Replica:
         """The next worker is ready: the submits that waited for it go, in order."""
         pending, self._pending = self._pending, {}
         for request_id, submit in pending.items():
-            worker.submit(request_id, submit.frame)
+            worker.submit(request_id, submit.frame, self._lives.get(request_id, 0))
             if submit.outputs or submit.nbytes:
                 worker.credit(request_id, submit.outputs, submit.nbytes)
 
@@ -398,6 +406,7 @@ class Replica:
             if connector is not None:
                 connector.detach(self.stage_id, self.index)
             await worker.aclose()  # shielded, and bounded by shutdown_grace
+            self._stale_outputs += worker.stale_outputs
             name = _shm.worker_name(self._prefix, self.stage_id, worker.generation)
             swept = 0 if connector is None else _shm.sweep(f"{name}-", connector.segments)
             if swept:

@@ -123,6 +123,11 @@ class ProcessStageStatistics:
       outputs_queued: Batches of the worker's outputs read from it and not yet
           taken by the orchestrator (its :attr:`~ProcessStage.outputs` channel holds
           64 at most; then the worker's control connection, then its engines, wait).
+      stale_outputs: Outputs its workers sent for a request after its release
+          (its engine was still finishing), dropped: every output carries its
+          request's life, so a later request with the same id never gets an earlier
+          one's. (The orchestrator would drop them as late too, had the id not come
+          back.)
       replicas: Each replica's own figures, in replica order (one for a stage of
           one worker).
     """
@@ -147,6 +152,7 @@ class ProcessStageStatistics:
     acks_owed: int = 0
     ring_bytes_in_use: int = 0
     outputs_queued: int = 0
+    stale_outputs: int = 0
     replicas: tuple[ReplicaStatistics, ...] = ()
 
 
@@ -335,6 +341,7 @@ class ProcessStage(metaclass=NoPublicConstructor):
             submits_waiting=sum(replica.submits_waiting for replica in self._replicas),
             seconds_since_report=max(reported) if reported else None,
             outputs_queued=self.outputs.statistics().current_buffer_used,
+            stale_outputs=sum(replica.stale_outputs for replica in self._replicas),
             replicas=tuple(replicas),
             **tables,
         )

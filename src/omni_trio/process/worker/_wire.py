@@ -201,14 +201,19 @@ class Fatal(_Message):
 
 
 class Output(_Message):
+    """An output of the request's life ``life`` (its ``Submit``'s): a peer that has
+    released that life, or submitted a later one of the id, drops it."""
+
     request_id: str
     data: Any
     finished: bool
+    life: int = 0
 
 
 class Failed(_Message):
     request_id: str
     error: str
+    life: int = 0
 
 
 class Pong(_Message):

@@ -330,7 +330,7 @@ class Worker:
         self.released[request_id] = submit.life  # what still comes of it is dropped
         why = f"request {request_id!r}: its chunks were dropped before its Submit: {lost[1]}"
         error = describe(ChunkLostError(why))
-        self.control.send_nowait(wire.encode(wire.Failed(request_id, error)))
+        self.control.send_nowait(wire.encode(wire.Failed(request_id, error, submit.life)))
         return True
 
     # -- requests ---------------------------------------------------------------------------
@@ -423,6 +423,7 @@ class Worker:
     async def _run(self, request_id: str, inputs: Any, request: WorkerRequest) -> None:
         io = RequestIO(self, request_id, request)
         control = self.control
+        life = request.life
         try:
             with request.scope:
                 try:
@@ -444,7 +445,7 @@ class Worker:
                                 break  # the engine said so: closing it is its end
                             if request.credit is not None:  # its consumer's pace
                                 await self._spend_credit(request, output_size(data))
-                            frame = wire.encode(wire.Output(request_id, data, False))
+                            frame = wire.encode(wire.Output(request_id, data, False, life))
                             del data
                             control.send_nowait(frame)
                             if request.inside:
@@ -454,9 +455,10 @@ class Worker:
                     await io.end()
                     if self.init.completion_delay:  # a slow control path, for tests and demos
                         await trio.sleep(self.init.completion_delay)
-                    control.send_nowait(wire.encode(wire.Output(request_id, last, True)))
+                    control.send_nowait(wire.encode(wire.Output(request_id, last, True, life)))
                 except Exception as exc:
-                    control.send_nowait(wire.encode(wire.Failed(request_id, describe(exc))))
+                    failed = wire.Failed(request_id, describe(exc), life)
+                    control.send_nowait(wire.encode(failed))
         finally:
             if request.inside:
                 request.inside = False
