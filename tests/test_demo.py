@@ -6,14 +6,18 @@ import json
 import sys
 import wave
 from importlib.resources import files
+from pathlib import Path
 
+import attrs
 import pytest
 import trio
 from rich.console import Console
 
 from omni_trio.cli import main
+from omni_trio.config import shipped_pipeline
+from omni_trio.demo import runner
 from omni_trio.demo.engines import SAMPLE_RATE, code2wav, response_tokens
-from omni_trio.demo.runner import DemoOptions, run_demo
+from omni_trio.demo.runner import DemoOptions, Pacing, pacing, run_demo, simulate_demo
 from omni_trio.process import EngineRequest, Last
 
 
@@ -156,3 +160,166 @@ def test_run_json_has_each_stages_submit_time(capsys):
     submitted = terminal["metrics"]["stage_submit_latency"]
     assert set(submitted) == {"0", "1", "2"}
     assert max(submitted.values()) < 0.1  # async_chunk: every stage at admission
+
+
+# --- omni-trio demo --simulate: the demo in virtual time ---
+
+
+def simulated_options(tmp_path, **changes):
+    """The demo's own levels and pacing (concurrency 1, 4 and 10, both modes), quiet."""
+    options = DemoOptions(output=tmp_path / "sim.wav", timeline=None, live=False)
+    for name, value in changes.items():
+        setattr(options, name, value)
+    return options
+
+
+def test_the_simulated_demo_measures_what_the_pacing_implies_every_time(tmp_path, monkeypatch):
+    measured = []  # (mode, concurrency, (ttft, ttfp, e2e, audio seconds)) of every request
+    one = runner._one
+
+    async def recording(orch, request_id, *args, **kwargs):
+        result = await one(orch, request_id, *args, **kwargs)
+        mode, concurrency, _ = request_id.rsplit("-", 2)
+        measured.append((mode, int(concurrency), result[0]))
+        return result
+
+    monkeypatch.setattr(runner, "_one", recording)
+    report = simulate_demo(simulated_options(tmp_path), Console(quiet=True))
+    assert report.simulated
+    assert report.engines == "simulated"
+    assert [(r.mode, r.concurrency, r.requests) for r in report.results] == [
+        (mode, c, 2 * c if c > 1 else 3) for mode in ("async_chunk", "forward") for c in (1, 4, 10)
+    ]
+    assert len(measured) == 2 * (3 + 8 + 20)
+    for mode, concurrency, (ttft, ttfp, e2e, _) in measured:  # each request, not only the means
+        expected = report.pacing[mode]
+        assert ttft == pytest.approx(expected.ttft, abs=1e-4), (mode, concurrency)
+        assert ttfp == pytest.approx(expected.ttfp, abs=1e-4), (mode, concurrency)
+        assert e2e == pytest.approx(expected.e2e, abs=1e-4), (mode, concurrency)
+    for r in report.results:
+        assert r.ttfp == pytest.approx(report.pacing[r.mode].ttfp, abs=1e-4)
+        assert r.real_seconds > 0  # recorded; how small is the CLI's to show, not a test's
+    # The same run again: the same virtual times, to the last bit.
+    again = simulate_demo(simulated_options(tmp_path), Console(quiet=True))
+    assert again.results == report.results  # real_seconds is left out of ==
+    assert [(r.ttft, r.ttfp, r.e2e, r.rtf) for r in again.results] == [
+        (r.ttft, r.ttfp, r.e2e, r.rtf) for r in report.results
+    ]
+    assert again.timelines == report.timelines
+    assert again.virtual_seconds == report.virtual_seconds
+
+
+def test_the_pacing_formula_is_the_docs_one():
+    """docs/demo.md's numbers: the demo's defaults (50 tokens/s, 40 tokens, 150 codes/s,
+    4 codes a token, 25 codes a packet)."""
+    config = shipped_pipeline("demo")
+    async_chunk, forward = pacing(config), pacing(config.with_mode(False))
+    assert isinstance(async_chunk, Pacing)
+    # TTFT = T; TTFP = max(T + k*D, k*T + D); E2E = max(T + N*D, N*T + D)
+    assert attrs.astuple(async_chunk) == pytest.approx((0.020, 0.020 + 7 * 4 / 150, 1.0866667))
+    # TTFT = T; TTFP = E2E = N*T + N*D
+    assert attrs.astuple(forward) == pytest.approx((0.020, 1.8666667, 0.8 + 40 * 4 / 150))
+    # as docs/demo.md shows them
+    shown = [f"{seconds * 1e3:,.2f} ms" for seconds in (async_chunk.ttfp, forward.ttfp)]
+    assert shown == ["206.67 ms", "1,866.67 ms"]
+
+
+@pytest.mark.parametrize(
+    ("tokens_per_second", "max_tokens", "codes_per_second"),
+    [
+        (10.0, 12, 150.0),  # the thinker the slower: the talker waits for each token
+        (400.0, 10, 2000.0),  # --quick
+        (50.0, 5, 150.0),  # 20 codes: the first packet is the tail, at the end
+    ],
+)
+def test_the_pacing_formula_holds_whichever_stage_is_the_slower(
+    tmp_path, tokens_per_second, max_tokens, codes_per_second
+):
+    options = simulated_options(
+        tmp_path,
+        concurrency=[1, 4],
+        tokens_per_second=tokens_per_second,
+        max_tokens=max_tokens,
+        codes_per_second=codes_per_second,
+    )
+    report = simulate_demo(options, Console(quiet=True))
+    assert len(report.results) == 4
+    for r in report.results:
+        expected = report.pacing[r.mode]
+        assert (r.ttft, r.ttfp, r.e2e) == pytest.approx(
+            (expected.ttft, expected.ttfp, expected.e2e), abs=1e-4
+        ), (r.mode, r.concurrency)
+
+
+def test_pacing_is_only_the_simulated_demo_engines():
+    with pytest.raises(ValueError, match="pacing is the simulated demo engines'"):
+        pacing(shipped_pipeline("speech"))
+
+
+def test_a_simulated_demo_refuses_the_speech_engines(tmp_path):
+    options = simulated_options(tmp_path, engines="speech")
+    with pytest.raises(ValueError, match="eSpeak NG runs in threads"):
+        simulate_demo(options, Console(quiet=True))
+
+
+def test_demo_simulate_prints_the_table_in_virtual_time_and_the_real_time(tmp_path, capsys):
+    output = tmp_path / "sim.wav"
+    assert main(["demo", "--simulate", "--quick", "--output", str(output)]) == 0
+    printed = capsys.readouterr().out
+    assert "Engines: simulated (--simulate)" in printed
+    assert "in virtual time: simulated" in printed  # the table's title
+    rows = [line for line in printed.splitlines() if line.startswith("│")]
+    # --quick: 400 tokens/s, 10 tokens, 2,000 codes/s; 2.5 ms a token, 2 ms its codes
+    async_chunk = [row for row in rows if "async_chunk" in row]
+    forward = [row for row in rows if "forward" in row]
+    assert len(async_chunk) == len(forward) == 2  # concurrency 1 and 2
+    assert all("2.50 ms" in row and "19.50 ms" in row for row in async_chunk)
+    assert all("45.00 ms" in row for row in forward)
+    paced = [row for row in rows if "by pacing" in row]
+    assert len(paced) == 2
+    assert "19.50 ms" in paced[0]
+    assert "45.00 ms" in paced[1]
+    assert "Real time: " in printed
+    assert "s of virtual time" in printed
+    assert "Timeline" not in printed  # none unless --timeline asks
+    with wave.open(str(output)) as wav:
+        assert wav.getnframes() == 10 * 4 * int(SAMPLE_RATE * 0.04)
+
+
+def test_docs_show_the_simulated_demos_table_as_it_is_on_every_run(tmp_path, capsys):
+    page = (Path(__file__).parent.parent / "docs" / "demo.md").read_text(encoding="utf-8")
+    section = page.split("## In virtual time: `--simulate`", 1)[1]
+    shown = section.split("$ omni-trio demo --simulate\n", 1)[1].split("```", 1)[0]
+    assert main(["demo", "--simulate", "--output", str(tmp_path / "sim.wav")]) == 0
+    printed = capsys.readouterr().out
+
+    def table(text):
+        return [line.rstrip() for line in text.splitlines() if line[:1] in "┏┃┡│├└"]
+
+    # top, heads, rule; per mode 3 levels and the pacing; the rule between modes; bottom
+    assert len(table(printed)) == 3 + 2 * 4 + 1 + 1
+    assert table(printed) == table(shown)
+    assert "Real time: " in printed
+    assert "(goal: under 2 s, " in printed
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--simulate", "--engines", "speech"],
+            "omni-trio demo: --simulate runs the simulated engines in virtual time, "
+            "--engines speech runs eSpeak NG in threads, outside it: drop one\n",
+        ),
+        (["--seed", "3"], "omni-trio demo: --seed seeds a simulation: add --simulate\n"),
+        (
+            ["--simulate", "--seed", "-1"],
+            "omni-trio demo: --seed must be an integer >= 0, got -1\n",
+        ),
+    ],
+)
+def test_demo_simulate_refuses_what_it_cannot_do(tmp_path, capsys, argv, message):
+    output = tmp_path / "x.wav"
+    assert main(["demo", *argv, "--output", str(output)]) == 2
+    assert capsys.readouterr().err == message
+    assert not output.exists()

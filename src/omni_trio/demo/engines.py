@@ -172,7 +172,7 @@ def talker(codes_per_second: float = 150.0, codes_per_token: int = 4) -> Engine:
     """Stage 1: codec codes from text, ``codes_per_token`` per token."""
 
     async def codes_for(tokens: AsyncIterator[str] | list[str]) -> AsyncGenerator[list[int], None]:
-        async def each() -> AsyncIterator[str]:
+        async def each() -> AsyncGenerator[str, None]:
             if isinstance(tokens, list):
                 for token in tokens:
                     yield token
@@ -180,20 +180,22 @@ def talker(codes_per_second: float = 150.0, codes_per_token: int = 4) -> Engine:
                 async for token in tokens:
                     yield token
 
-        async for token in each():
-            codes = _codes(token, codes_per_token)
-            await trio.sleep(len(codes) / codes_per_second)
-            yield codes
+        async with aclosing(each()) as tokens_in_turn:  # closed with its reader
+            async for token in tokens_in_turn:
+                codes = _codes(token, codes_per_token)
+                await trio.sleep(len(codes) / codes_per_second)
+                yield codes
 
     async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
         if io.connected:  # async_chunk: tokens stream in, codes stream out
 
-            async def tokens() -> AsyncIterator[str]:
+            async def tokens() -> AsyncGenerator[str, None]:
                 async for chunk in io:
                     yield chunk.decode()
 
-            async for codes in codes_for(tokens()):
-                await io.send(array("B", codes).tobytes())
+            async with aclosing(tokens()) as text, aclosing(codes_for(text)) as coded:
+                async for codes in coded:
+                    await io.send(array("B", codes).tobytes())
         else:  # forward: the whole answer is the input
             answer = list(request.inputs)
             count = 0

@@ -1,10 +1,20 @@
 """``omni-trio demo``: an omni pipeline in worker processes, both modes, several
 concurrencies -- speaking with eSpeak NG when the ``speech`` extra is installed,
-with the simulated engines otherwise."""
+with the simulated engines otherwise.
+
+``omni-trio demo --simulate`` runs the same levels with the simulated engines through
+:func:`omni_trio.testing.open_simulated_pipeline`, in virtual time
+(:func:`simulate_demo`): there every time is what the engines' pacing implies,
+:func:`pacing`, the same on every run.
+"""
 
 from __future__ import annotations
 
+import inspect
+import math
 import statistics
+import time
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -18,16 +28,20 @@ from rich.table import Table
 
 from .. import RequestMetrics, open_pipeline
 from .._audio import write_wav
-from ..config import PipelineConfig, shipped_pipeline
+from ..config import PipelineConfig, StageConfig, shipped_pipeline
 from ..timeline import have_matplotlib, plot_timeline
+from . import engines as _engines
 
 __all__ = [
     "DemoOptions",
     "DemoReport",
     "LevelResult",
+    "Pacing",
+    "pacing",
     "resolve_engines",
     "results_table",
     "run_demo",
+    "simulate_demo",
     "template",
 ]
 
@@ -61,6 +75,13 @@ class DemoOptions:
     #: "speech" (eSpeak NG, the speech extra), "simulated", or "auto": speech when
     #: the extra is installed (see :func:`resolve_engines`).
     engines: str = "auto"
+    #: Run each mode through :func:`omni_trio.testing.open_simulated_pipeline`, in
+    #: virtual time, instead of worker processes: the run must be under a
+    #: ``trio.testing.MockClock`` (:func:`simulate_demo` runs it so), and the engines
+    #: must be the simulated ones ("auto" means them).
+    simulate: bool = False
+    #: The simulation's seed (its scheduling order and request ids).
+    seed: int = 0
 
     @classmethod
     def quick(cls, output: Path) -> DemoOptions:
@@ -79,6 +100,15 @@ class DemoOptions:
 
 @attrs.frozen
 class LevelResult:
+    """One mode at one concurrency: means per request, in seconds of the run's clock
+    (virtual under ``--simulate``).
+
+    Attributes:
+      real_seconds: The wall-clock (``time.perf_counter``) time the level took. Not
+          compared by ``==``: two simulated runs' results are equal when their
+          virtual times are.
+    """
+
     mode: str
     concurrency: int
     requests: int
@@ -87,6 +117,7 @@ class LevelResult:
     e2e: float
     rtf: float
     audio_seconds: float
+    real_seconds: float = attrs.field(default=0.0, eq=False)
 
 
 @attrs.frozen
@@ -103,6 +134,12 @@ class DemoReport:
       wav: The WAV written, if any request finished.
       timeline: The timeline picture written, if one was asked for, matplotlib is
           installed and some request finished.
+      simulated: Whether it ran in virtual time (``DemoOptions.simulate``).
+      pacing: Per mode, what the simulated engines' pacing implies (:func:`pacing`):
+          the times a run in virtual time measures. Empty with the speech engines.
+      real_seconds: The wall-clock time of the modes' runs, their pipelines' start
+          and stop included (the WAV and the timeline not).
+      virtual_seconds: The same span on the run's clock (``trio.current_time()``).
     """
 
     engines: str
@@ -112,6 +149,26 @@ class DemoReport:
     timelines: dict[str, list[RequestMetrics]]
     wav: Path | None
     timeline: Path | None
+    simulated: bool = False
+    pacing: dict[str, Pacing] = attrs.Factory(dict)
+    real_seconds: float = 0.0
+    virtual_seconds: float = 0.0
+
+
+@attrs.frozen
+class Pacing:
+    """What the simulated engines' pacing implies for each request of a mode, in
+    seconds from its admission (see :func:`pacing`).
+
+    Attributes:
+      ttft: To the thinker's first token.
+      ttfp: To code2wav's first audio packet.
+      e2e: To the request's terminal (code2wav's last packet).
+    """
+
+    ttft: float
+    ttfp: float
+    e2e: float
 
 
 def resolve_engines(engines: str) -> str:
@@ -142,6 +199,70 @@ def _configure(
             engine_args={**talker.engine_args, "codes_per_second": options.codes_per_second},
         )
     return msgspec.structs.replace(config, stages=[thinker, talker, code2wav])
+
+
+def pacing(config: PipelineConfig) -> Pacing:
+    """TTFT, TTFP and E2E of every request of ``config`` -- the simulated demo
+    pipeline (``template("simulated")``, in either mode) -- when nothing but the
+    engines' pacing takes time: in virtual time (``omni-trio demo --simulate``), at
+    any concurrency, as the engines do not compete for a CPU there.
+
+    With ``T = 1 / tokens_per_second`` (the thinker: a token every ``T``),
+    ``N = max_tokens`` tokens, ``D = codes_per_token / codes_per_second`` (the
+    talker: the codes of a token take ``D``) and ``k = min(ceil(chunk_codes /
+    codes_per_token), N)`` tokens for code2wav's first packet (25 codes, or the
+    whole answer's if fewer)::
+
+        TTFT = T                                 (both modes)
+        async_chunk: TTFP = max(T + k*D, k*T + D)    E2E = max(T + N*D, N*T + D)
+        forward:     TTFP = E2E = N*T + N*D
+
+    In async_chunk mode the talker takes each token as it comes: it is done with
+    token ``j`` at ``max(T + j*D, j*T + D)`` -- its own pace from the first token
+    when it is the slower (``D > T``), a ``D`` after the thinker's ``j``-th token
+    when the thinker is. In forward mode the talker starts after the thinker's last
+    token, code2wav after the talker's last code, and code2wav renders in no time.
+    A real run takes these times plus the workers' own costs.
+
+    Raises:
+      ValueError: a stage is not the simulated demo engine of its place, or the
+          thinker answers in whole sentences (the answer's length then depends on
+          the prompt).
+    """
+    thinker, talker, code2wav = _demo_stages(config)
+    if _engine_arg(thinker, _engines.thinker, "whole_sentences"):
+        raise ValueError(
+            "pacing needs an answer of max_tokens tokens; a thinker with "
+            "whole_sentences = true answers in whole sentences, as long as the prompt makes them"
+        )
+    t = 1 / float(_engine_arg(thinker, _engines.thinker, "tokens_per_second"))
+    n = int(_engine_arg(thinker, _engines.thinker, "max_tokens"))
+    per_token = int(_engine_arg(talker, _engines.talker, "codes_per_token"))
+    d = per_token / float(_engine_arg(talker, _engines.talker, "codes_per_second"))
+    k = min(math.ceil(int(_engine_arg(code2wav, _engines.code2wav, "chunk_codes")) / per_token), n)
+    if config.mode == "async_chunk":
+        return Pacing(ttft=t, ttfp=max(t + k * d, k * t + d), e2e=max(t + n * d, n * t + d))
+    return Pacing(ttft=t, ttfp=n * t + n * d, e2e=n * t + n * d)
+
+
+def _demo_stages(config: PipelineConfig) -> tuple[StageConfig, StageConfig, StageConfig]:
+    """``config``'s three stages, checked to be the simulated demo's engines."""
+    wanted = ("thinker", "talker", "code2wav")
+    engines = [stage.engine for stage in config.stages]
+    if engines != [f"omni_trio.demo.engines:{name}" for name in wanted]:
+        raise ValueError(
+            "pacing is the simulated demo engines' (omni_trio.demo.engines: thinker, "
+            f"talker, code2wav), and {config.pipeline.name!r} runs {', '.join(engines)}"
+        )
+    thinker, talker, code2wav = config.stages
+    return thinker, talker, code2wav
+
+
+def _engine_arg(stage: StageConfig, factory: Callable[..., Any], name: str) -> Any:
+    """The stage's ``engine_args[name]``, else ``factory``'s default for it."""
+    if name in stage.engine_args:
+        return stage.engine_args[name]
+    return inspect.signature(factory).parameters[name].default
 
 
 async def _one(
@@ -190,21 +311,43 @@ async def run_demo(
     Once ``stopping`` is set (a graceful stop: see
     :func:`omni_trio._runtime.run_under_signals`) no new request starts: the ones in
     flight run to their end, and the results cover the levels that completed some.
+
+    With ``options.simulate`` each mode runs through
+    :func:`omni_trio.testing.open_simulated_pipeline` (seed ``options.seed``), which
+    needs this Trio run's clock to be a ``trio.testing.MockClock``: see
+    :func:`simulate_demo`.
+
+    Raises:
+      ValueError: ``options.simulate`` with ``options.engines`` ``"speech"``.
     """
     if stopping is None:
         stopping = trio.Event()
-    engines = resolve_engines(options.engines)
+    if options.simulate and options.engines == "speech":
+        raise ValueError(
+            "a simulated demo runs the simulated engines: eSpeak NG runs in threads, "
+            "which virtual time cannot hold (engines='speech')"
+        )
+    engines = "simulated" if options.simulate else resolve_engines(options.engines)
+    opener: Callable[[PipelineConfig], Any] = open_pipeline
+    if options.simulate:
+        from ..testing import open_simulated_pipeline  # trio.testing imports pytest
+
+        opener = partial(open_simulated_pipeline, seed=options.seed)
     results: list[LevelResult] = []
     first = _First()
     timelines: dict[str, list[RequestMetrics]] = {}
+    paced: dict[str, Pacing] = {}
     base = template(engines)
     sample_rate = base.stages[2].sample_rate  # code2wav's, as the config says
+    real_start, virtual_start = time.perf_counter(), trio.current_time()
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
         for mode in options.modes:
             if stopping.is_set():
                 break
             config = _configure(options, base, engines, mode)
-            async with open_pipeline(config) as pipeline:
+            if engines == "simulated":
+                paced[mode] = pacing(config)
+            async with opener(config) as pipeline:
                 orch = pipeline.orchestrator
                 for concurrency in options.concurrency:
                     if stopping.is_set():
@@ -212,10 +355,15 @@ async def run_demo(
                     level = _Level(
                         orch, options, mode, concurrency, sample_rate, console, progress, stopping
                     )
+                    started = time.perf_counter()
                     result = await level.run(first if not results else None)
                     if result is not None:
-                        results.append(result)
+                        results.append(
+                            attrs.evolve(result, real_seconds=time.perf_counter() - started)
+                        )
                         timelines.setdefault(mode, level.metrics[:TIMELINE_REQUESTS])
+    real_seconds = time.perf_counter() - real_start
+    virtual_seconds = trio.current_time() - virtual_start
     wav = timeline = None
     if first.audio:
         write_wav(options.output, bytes(first.audio), sample_rate)
@@ -227,12 +375,41 @@ async def run_demo(
             timelines,
             stage_names=base.stage_names,
             output_types=base.final_output_types,
-            title=f"thinker -> talker -> code2wav ({_ENGINES[engines]} talker and code2wav)",
+            title=f"thinker -> talker -> code2wav ({_ENGINES[engines]} talker and code2wav)"
+            + (", in virtual time" if options.simulate else ""),
         )
         await trio.to_thread.run_sync(draw)  # a second of matplotlib, off the loop
         timeline = options.timeline
     text = "".join(first.text)
-    return DemoReport(engines, results, text, sample_rate, timelines, wav, timeline)
+    return DemoReport(
+        engines,
+        results,
+        text,
+        sample_rate,
+        timelines,
+        wav,
+        timeline,
+        simulated=options.simulate,
+        pacing=paced,
+        real_seconds=real_seconds,
+        virtual_seconds=virtual_seconds,
+    )
+
+
+def simulate_demo(options: DemoOptions, console: Console) -> DemoReport:
+    """:func:`run_demo` of ``options`` in virtual time: a new Trio run whose clock is a
+    ``trio.testing.MockClock`` that jumps whenever every task waits, each mode
+    through :func:`omni_trio.testing.open_simulated_pipeline` (``options.simulate``
+    is set on a copy; ``options.engines`` must not be ``"speech"``). Every time
+    measured is then what the engines' pacing implies (:func:`pacing`), the same on
+    every run. Must be called outside any Trio run.
+    """
+    import trio.testing  # it imports pytest: only here
+
+    simulated = attrs.evolve(options, simulate=True)
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    report: DemoReport = trio.run(run_demo, simulated, console, clock=clock)
+    return report
 
 
 @attrs.define
@@ -340,20 +517,52 @@ def _summarize(
     )
 
 
-def results_table(results: list[LevelResult], engines: str = "simulated") -> Table:
-    table = Table(
-        title=f"thinker -> talker -> code2wav, a worker process each: {_ENGINES[engines]}"
-    )
+def results_table(
+    results: list[LevelResult],
+    engines: str = "simulated",
+    pacing: Mapping[str, Pacing] | None = None,
+) -> Table:
+    """The demo's table: a row per mode and concurrency.
+
+    ``pacing`` (per mode, :func:`pacing`) is for a run in virtual time: its times
+    are then shown to a hundredth of a millisecond, and after each mode's rows a
+    ``by pacing`` row gives the formula's TTFT, TTFP and E2E, under the means
+    measured.
+    """
+    if pacing is None:
+        title = f"thinker -> talker -> code2wav, a worker process each: {_ENGINES[engines]}"
+    else:
+        title = f"thinker -> talker -> code2wav in virtual time: {_ENGINES[engines]}"
+    table = Table(title=title)
     for column in ("mode", "conc.", "reqs", "mean TTFT", "mean TTFP", "mean E2E", "RTF"):
         table.add_column(column, justify="left" if column == "mode" else "right", no_wrap=True)
-    for r in results:
+    digits = 0 if pacing is None else 2
+
+    def ms(seconds: float) -> str:
+        return f"{seconds * 1e3:,.{digits}f} ms"
+
+    for index, r in enumerate(results):
         table.add_row(
             r.mode,
             str(r.concurrency),
             str(r.requests),
-            f"{r.ttft * 1e3:,.0f} ms",
-            f"{r.ttfp * 1e3:,.0f} ms",
-            f"{r.e2e * 1e3:,.0f} ms",
+            ms(r.ttft),
+            ms(r.ttfp),
+            ms(r.e2e),
             f"{r.rtf:.3f}",
         )
+        last_of_mode = index + 1 == len(results) or results[index + 1].mode != r.mode
+        if pacing is not None and last_of_mode and r.mode in pacing:
+            paced = pacing[r.mode]
+            table.add_row(
+                "  by pacing",
+                "any",
+                "",
+                ms(paced.ttft),
+                ms(paced.ttfp),
+                ms(paced.e2e),
+                "",
+                style="italic",
+                end_section=index + 1 < len(results),
+            )
     return table
