@@ -191,6 +191,7 @@ class OrchestratorCore:
         stage_idle_timeout: float | None = None,
         stage_names: Sequence[str | None] | None = None,
         max_forward_bytes: int = MAX_FORWARD_BYTES,
+        fenced_stages: Iterable[int] = (),
     ) -> None:
         if not isinstance(num_stages, int) or num_stages < 1:
             raise ValueError(f"a pipeline needs at least one stage, got {num_stages!r}")
@@ -224,6 +225,11 @@ class OrchestratorCore:
         self._outputs: list[OrchOutput] = []
         self._commands: list[StageCommand] = []
         self._timers: list[tuple[float, int, int, str]] = []  # (deadline, seq, stage, id)
+        #: The stages that put a ``released`` fence on their outputs after each
+        #: release, and the fences still to come: (request id, stage) -> how many.
+        #: Until its fence, a stage's outputs of that id are of an ended submission.
+        self._fenced = frozenset(fenced_stages)
+        self._fences: dict[tuple[str, int], int] = {}
         self._seq = 0
         #: Totals since creation.
         self.admitted = 0
@@ -345,12 +351,18 @@ class OrchestratorCore:
         if not isinstance(output, StageOutput):
             self._drop(stage_id, output, "it is not a StageOutput", level=logging.WARNING)
             return
+        if output.released:
+            self._lift_fence(output.request_id, stage_id)
+            return
         try:
             st = self._requests.get(output.request_id)
         except TypeError:  # unhashable request_id
             st = None
         if st is None:
             self._drop(stage_id, output, "the request is unknown or already ended")
+            return
+        if self._fences and (st.request_id, stage_id) in self._fences:
+            self._drop(stage_id, output, "it is of an ended request with the same id")
             return
         if stage_id not in st.submitted:
             self._drop(stage_id, output, "the stage was not submitted for the request")
@@ -433,6 +445,8 @@ class OrchestratorCore:
         if self.stage_deaths[stage_id] is not None:
             return
         self.stage_deaths[stage_id] = reason
+        for fence in [fence for fence in self._fences if fence[1] == stage_id]:
+            del self._fences[fence]  # no more outputs, and no fences, come from it
         message = self._death_message(stage_id)
         for st in list(self._requests.values()):
             if stage_id <= st.last_stage and stage_id not in st.finished:
@@ -552,7 +566,11 @@ class OrchestratorCore:
         """Emit the request's terminal output, with its metrics, and forget the request."""
         if self._requests.get(st.request_id) is st:
             del self._requests[st.request_id]
-        self._commands.extend(StageRelease(sid, st.request_id) for sid in self._live_submitted(st))
+        live = self._live_submitted(st)
+        self._commands.extend(StageRelease(sid, st.request_id) for sid in live)
+        for sid in self._fenced.intersection(live):
+            fence = (st.request_id, sid)
+            self._fences[fence] = self._fences.get(fence, 0) + 1
         st.num_outputs += 1
         if terminal.finish_reason == "completed":
             self.completed += 1
@@ -570,6 +588,20 @@ class OrchestratorCore:
             stage_submit_times=st.submit_times,
         )
         self._outputs.append(msgspec.structs.replace(terminal, metrics=metrics))
+
+    def _lift_fence(self, request_id: str, stage_id: int) -> None:
+        """Stage ``stage_id``'s outputs of an ended ``request_id`` are over."""
+        fence = (request_id, stage_id)
+        left = self._fences.get(fence, 0) - 1
+        if left > 0:
+            self._fences[fence] = left
+        else:
+            self._fences.pop(fence, None)
+
+    @property
+    def fences(self) -> int:
+        """Fences still to come (see :attr:`StageOutput.released`)."""
+        return len(self._fences)
 
     def _drop(self, stage_id: int, output: object, why: str, *, level: int = logging.DEBUG) -> None:
         self.dropped_outputs += 1

@@ -111,6 +111,11 @@ def prepare(
         stage_idle_timeout=stage_idle_timeout,
         stage_names=[getattr(stage, "name", None) for stage in checked],
         max_forward_bytes=max_forward_bytes,
+        fenced_stages=[
+            i
+            for i, stage in enumerate(checked)
+            if getattr(stage, "reports_releases", False) is True
+        ],
     )
     check_max_in_flight(max_in_flight)
     check_seconds("shutdown_grace", shutdown_grace, positive=False)

@@ -36,12 +36,19 @@ class StageOutput(msgspec.Struct, frozen=True):
           stage sends for the request afterwards is dropped.
       error: If not ``None``, the stage failed this request; the message ends the
           request with an ``"error"`` terminal.
+      released: Not an output but a fence, from a stage that says it sends them
+          (``reports_releases = True``, see :class:`~omni_trio.Stage`): put on the
+          channel by ``release(request_id)``, after every output of the request's
+          submission that ended. Until it arrives, outputs of that request id are of
+          the ended submission, and dropped: a later request with the same id never
+          gets them.
     """
 
     request_id: str
     data: Any = None
     finished: bool = False
     error: str | None = None
+    released: bool = False
 
 
 @attrs.frozen

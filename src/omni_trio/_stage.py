@@ -41,6 +41,13 @@ class Stage(Protocol):
     method is never held, and its requests' unread outputs are only bounded in time,
     by ``consumer_idle_timeout``.)
 
+    A stage with ``release`` may also set ``reports_releases = True``: it then puts
+    ``StageOutput(request_id, released=True)`` on :attr:`outputs` in each
+    ``release``, after every output of the submission that ended. The orchestrator
+    drops the stage's outputs of that request id until the fence has come, so a
+    later request with the same id never gets an earlier one's late outputs.
+    (:class:`~omni_trio.process.ProcessStage` does.)
+
     Two optional attributes make error messages say more:
 
     * ``name`` (a ``str``): messages name the stage ``stage 0 (thinker)`` instead of

@@ -229,6 +229,15 @@ class Replica:
             self._connector.end(request_id, life)
         await trio.lowlevel.checkpoint()
 
+    async def send_fence(self, fence: StageOutput) -> bool:
+        """Put ``fence`` on the stage's outputs through this replica's end; ``False``
+        if that end is closed (its supervisor is over)."""
+        try:
+            await self._outputs_send.send(fence)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            return False
+        return True
+
     def close(self) -> None:
         """Close it: its supervisor stops, and its worker with it."""
         self._scope.cancel()

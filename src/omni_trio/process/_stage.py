@@ -22,7 +22,7 @@ import attrs
 import trio
 
 from .._errors import unwrap_single_exception
-from .._messages import StageItem
+from .._messages import StageItem, StageOutput
 from .._util import NoPublicConstructor, final, stage_label
 from ._connection import WorkerStartError
 from ._connector import ShmConnector
@@ -203,7 +203,12 @@ class ProcessStage(metaclass=NoPublicConstructor):
       name: For messages.
       options: How its workers are run (``options.backend`` says where).
       outputs: The stage's outputs, for the orchestrator: every replica's.
+      reports_releases: ``True``: each :meth:`release` puts a fence on
+          :attr:`outputs` after the request's last output (see
+          :attr:`~omni_trio.StageOutput.released`).
     """
+
+    reports_releases = True
 
     def __init__(
         self,
@@ -424,13 +429,19 @@ class ProcessStage(metaclass=NoPublicConstructor):
         placement = self._placement
         if not placement.pooled:
             await self._replicas[0].release(request_id)
-            return
-        replica = self._runs.pop(request_id, None)
-        placement.release(request_id, self.stage_id)
-        if replica is None:
-            await trio.lowlevel.checkpoint()
         else:
-            await replica.release(request_id)
+            replica = self._runs.pop(request_id, None)
+            placement.release(request_id, self.stage_id)
+            if replica is not None:
+                await replica.release(request_id)
+        # Every output of the request read from its worker so far is on the channel,
+        # and every later one of its ended life is dropped (``stale_outputs``): the
+        # fence goes after them (through any replica's end of the channel: one FIFO).
+        fence = StageOutput(request_id, released=True)
+        for replica in self._replicas:
+            if await replica.send_fence(fence):
+                return
+        await trio.lowlevel.checkpoint()  # every replica's end is closed: the stage is dead
 
     def kill(self, replica: int = 0) -> None:
         """Kill the worker of replica ``replica`` (SIGKILL; in-process, cancel its
