@@ -25,6 +25,11 @@ PACKAGE = Path(omni_trio.__file__).parent
 TOOLS = PACKAGE.parents[1] / "tools"
 
 FOUNDATIONS = {"_util", "_checks", "_errors", "_messages"}
+#: omni_trio.testing's simulator (its _scripted stage is a driver's).
+SIMULATION = [
+    "_engines", "_faults", "_invariants", "_network", "_scheduler",
+    "_simulation", "_streams", "_trace", "_workload",
+]  # fmt: skip
 
 
 @attrs.frozen
@@ -61,7 +66,8 @@ LAYERS = [
     ),
     layer(
         "drivers",
-        {"_outbox", "_stream", "_stage", "_orchestrator", "testing", "compare", "compare.*"},
+        {"_outbox", "_stream", "_stage", "_orchestrator", "testing._scripted"}
+        | {"compare", "compare.*"},
         {"foundations", "core", "neutral driver"},
     ),
     # How a worker is run: the config's [stages.runtime], below configs and the
@@ -92,6 +98,8 @@ LAYERS = [
     # A configured pipeline: its stages (process._pipeline), and the orchestrator
     # over them (_pipeline, omni_trio.open_pipeline).
     layer("pipelines", {"process._pipeline", "_pipeline", "process", ""}, BELOW),
+    # The simulator runs whole pipelines, and omni_trio.testing offers it.
+    layer("simulation", {"testing", *(f"testing.{m}" for m in SIMULATION)}, BELOW),
     layer("timelines", {"timeline"}, {"foundations"}),
     # The application: the command line, the demo, the benchmarks, the server, the
     # speech engines. Nothing of the library uses it.

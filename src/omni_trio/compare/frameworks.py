@@ -19,8 +19,8 @@ import attrs
 import trio
 import trio.testing
 
-from .. import testing as trio_testing
 from .._orchestrator import open_orchestrator
+from ..testing._scripted import ScriptedStage, collect_outputs
 from . import asyncio_testing
 from .asyncio_orchestrator import EndOfOutputs, OrchestratorClosed, open_asyncio_orchestrator
 from .plain_asyncio import open_plain_asyncio_orchestrator
@@ -88,8 +88,8 @@ def _run_trio(fn: Callable[[], Any], *, virtual_time: bool = False) -> Any:
 TRIO = Framework(
     name="trio",
     open_orchestrator=open_orchestrator,
-    ScriptedStage=trio_testing.ScriptedStage,
-    collect_outputs=trio_testing.collect_outputs,
+    ScriptedStage=ScriptedStage,
+    collect_outputs=collect_outputs,
     settle=trio.testing.wait_all_tasks_blocked,
     sleep=trio.sleep,
     checkpoint=trio.lowlevel.checkpoint,

@@ -45,6 +45,9 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from .worker._engine import EngineRequest as EngineRequest
     from .worker._engine import Last as Last
     from .worker._engine import ReaderUnavailableError as ReaderUnavailableError
+    from .worker._threads import SimulationError as SimulationError
+    from .worker._threads import in_simulation as in_simulation
+    from .worker._threads import run_in_thread as run_in_thread
     from .worker._wire import MAX_FRAME as MAX_FRAME
     from .worker._wire import ProtocolError as ProtocolError
 
@@ -73,6 +76,7 @@ _EXPORTS = {
         "Last",
         "ReaderUnavailableError",
     ],
+    ".worker._threads": ["SimulationError", "in_simulation", "run_in_thread"],
     ".worker._wire": ["MAX_FRAME", "ProtocolError"],
 }
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)

@@ -26,8 +26,7 @@ from typing import Any
 import attrs
 import trio
 
-from .._threads import run_in_thread
-from ..process import ChunkIO, Engine, EngineRequest, Last
+from ..process import ChunkIO, Engine, EngineRequest, Last, run_in_thread
 from ._espeak import ESpeak
 
 __all__ = ["SAMPLE_RATE", "PhraseSplitter", "code2wav", "talker", "talker2code2wav"]

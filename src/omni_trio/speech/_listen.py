@@ -37,8 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict
 import attrs
 import trio
 
-from .._threads import run_in_thread
-from ..process import ChunkIO, Engine, EngineRequest, Last
+from ..process import ChunkIO, Engine, EngineRequest, Last, run_in_thread
 
 if TYPE_CHECKING:
     from faster_whisper import WhisperModel

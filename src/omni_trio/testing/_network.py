@@ -15,10 +15,10 @@ import math
 
 import trio
 
-from .._threads import IN_SIMULATION
 from .._util import describe, final
 from ..process._launcher import LaunchedWorker
 from ..process.worker._shm import MemorySegments, Segments
+from ..process.worker._threads import IN_SIMULATION
 from ..process.worker._worker import serve
 from ._streams import Wire, open_wire
 

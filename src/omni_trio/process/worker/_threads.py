@@ -5,7 +5,8 @@ An engine that calls blocking code (a speech recogniser, a synthesiser) runs it 
 simulated pipeline (:func:`omni_trio.testing.open_simulated_pipeline`), whose workers
 run in virtual time: a thread runs in real time, beside the scheduler, and would make
 the run neither virtual nor repeatable. There it raises :class:`SimulationError`, and
-the request fails saying so.
+the request fails saying so. (:mod:`omni_trio.process` exports them with the rest
+of the engine API.)
 """
 
 from __future__ import annotations

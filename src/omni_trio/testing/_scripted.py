@@ -1,15 +1,6 @@
-"""Tools for testing code that uses omni_trio (and omni_trio itself).
-
-:class:`ScriptedStage` is a :class:`~omni_trio.Stage` whose outputs a test emits by
-hand, in any order, so that any interleaving of outputs and completion reports can be
-written down step by step.
-
-:func:`open_simulated_pipeline` runs a whole configured pipeline -- its real workers,
-links, heartbeats, restarts and replicas -- in virtual time under a
-``trio.testing.MockClock``, every random choice drawn from a seed, with faults from a
-:class:`FaultPlan`; :func:`simulate` is one seeded run of the project's own
-workload with every invariant checked (see ``docs/testing.md``).
-"""
+"""The Trio :class:`ScriptedStage`: a stage whose outputs a test emits by hand, in any
+order, so that any interleaving of outputs and completion reports can be written
+down step by step."""
 
 from __future__ import annotations
 
@@ -20,41 +11,11 @@ from typing import Any
 import trio
 import trio.testing
 
-from ._messages import OrchOutput, StageItem
-from ._orchestrator import Orchestrator
-from ._scripted import ScriptedStageBase
-from ._sim import (
-    FAULT_KINDS,
-    Fault,
-    FaultKind,
-    FaultPlan,
-    RequestRecord,
-    SimulatedPipeline,
-    Trace,
-    open_simulated_pipeline,
-)
-from ._sim._workload import BUGS, SimulationResult, run_seeds, shrink, simulate
-from ._threads import SimulationError, in_simulation
+from .._messages import OrchOutput, StageItem
+from .._orchestrator import Orchestrator
+from .._scripted import ScriptedStageBase
 
-__all__ = [
-    "BUGS",
-    "FAULT_KINDS",
-    "Fault",
-    "FaultKind",
-    "FaultPlan",
-    "RequestRecord",
-    "ScriptedStage",
-    "SimulatedPipeline",
-    "SimulationError",
-    "SimulationResult",
-    "Trace",
-    "collect_outputs",
-    "in_simulation",
-    "open_simulated_pipeline",
-    "run_seeds",
-    "shrink",
-    "simulate",
-]
+__all__ = ["ScriptedStage", "collect_outputs"]
 
 
 class ScriptedStage(ScriptedStageBase):

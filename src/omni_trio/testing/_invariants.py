@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from .._messages import OrchOutput
-from ._pipeline import RequestRecord, SimulatedPipeline
+from ._simulation import RequestRecord, SimulatedPipeline
 
 __all__ = ["check_outputs", "check_released", "terminal_of"]
 

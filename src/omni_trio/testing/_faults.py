@@ -24,6 +24,7 @@ FaultKind = Literal["kill", "stall", "break_link", "delay_link", "stop_reading",
 FAULT_KINDS: tuple[FaultKind, ...] = get_args(FaultKind)
 
 _WORKER_FAULTS = frozenset({"kill", "stall", "break_link", "delay_link"})
+_TIMED_FAULTS = frozenset({"stall", "delay_link", "stop_reading"})
 
 
 def _check_kind(_: object, __: attrs.Attribute[str], kind: str) -> None:
@@ -78,7 +79,7 @@ class Fault:
             fields += [f"stage={self.stage}", f"replica={self.replica}"]
         else:
             fields.append(f"request={self.request}")
-        if self.kind in ("stall", "delay_link", "stop_reading"):
+        if self.kind in _TIMED_FAULTS:
             fields.append(f"duration={self.duration!r}")
         if self.kind == "delay_link":
             fields.append(f"delay={self.delay!r}")
@@ -118,17 +119,21 @@ class FaultPlan:
         faults = []
         for _ in range(count):
             kind = rng.choice(kinds)
-            faults.append(
-                Fault(
-                    at=round(rng.uniform(0, horizon), 3),
-                    kind=kind,
-                    stage=rng.randrange(stages),
-                    replica=rng.randrange(replicas),
-                    request=rng.randrange(requests) if requests else 0,
-                    duration=round(rng.uniform(0.05, 1.0), 3),
-                    delay=round(rng.uniform(0.001, 0.2), 3),
-                )
-            )
+            at = round(rng.uniform(0, horizon), 3)
+            stage, replica = rng.randrange(stages), rng.randrange(replicas)
+            request = rng.randrange(requests) if requests else 0
+            duration = round(rng.uniform(0.05, 1.0), 3)
+            delay = round(rng.uniform(0.001, 0.2), 3)
+            # only what the kind uses: a plan prints as the Python that builds it
+            if kind in _WORKER_FAULTS:
+                request = 0
+            else:
+                stage = replica = 0
+            if kind not in _TIMED_FAULTS:
+                duration = 0.0
+            if kind != "delay_link":
+                delay = 0.0
+            faults.append(Fault(at, kind, stage, replica, request, duration, delay))
         return cls(faults)
 
     def without(self, index: int) -> FaultPlan:

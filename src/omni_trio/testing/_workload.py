@@ -26,8 +26,9 @@ from ..process.worker import _worker
 from ._engines import expected_items
 from ._faults import FaultPlan
 from ._invariants import check_outputs, check_released, terminal_of
-from ._pipeline import RequestRecord, SimulatedPipeline, open_simulated_pipeline
+from ._simulation import RequestRecord, SimulatedPipeline, open_simulated_pipeline
 from ._streams import LINK_BUFFER
+from ._trace import Trace
 
 __all__ = ["BUGS", "SimulationResult", "run_seeds", "shrink", "simulate", "workload_config"]
 
@@ -55,7 +56,7 @@ consumer_idle_timeout = {CONSUMER_IDLE_TIMEOUT}
 _STAGE = """
 [[stages]]
 stage_id = {sid}
-engine = "omni_trio._sim._engines:{engine}"
+engine = "omni_trio.testing._engines:{engine}"
 engine_args = {args}
 final_output = {final}
 {prewarm}
@@ -107,6 +108,7 @@ class SimulationResult:
       completed: Requests that completed (a run where none did tests little).
       requests: Requests it ran.
       bug: The test-only bug switched on, if any.
+      trace: The run's trace, when :func:`simulate` was asked to keep it.
     """
 
     seed: int
@@ -117,6 +119,7 @@ class SimulationResult:
     completed: int
     requests: int
     bug: str | None = None
+    trace: Trace | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -157,6 +160,8 @@ def _belongs(record: RequestRecord, out: OrchOutput) -> bool:
 
 
 def _complete(record: RequestRecord) -> str | None:
+    if record.left_early:  # what it did not read was skipped: nothing to check
+        return None
     for stage_id in (0, 2):
         got = [o.data for o in record.outputs if o.stage_id == stage_id and o.data is not None]
         expected = expected_items(str(record.prompt), COUNT, stage_id)
@@ -174,32 +179,45 @@ def _count_tasks(task: trio.lowlevel.Task | None = None) -> int:
     )
 
 
-async def _consume(sim: SimulatedPipeline, prompt: str, request_id: str, leave_after: int) -> None:
+async def _consume(sim: SimulatedPipeline, prompt: str, request_id: str, leave_after: int) -> bool:
+    """Read a request; whether it completed."""
     async with sim.open_request(prompt, request_id=request_id) as stream:
         read = 0
         async for _ in stream:
             read += 1
             if read == leave_after:
                 break  # the consumer leaves early: an abort
+    terminal = stream.terminal
+    return terminal is not None and terminal.finish_reason == "completed"
 
 
 async def _workload(sim: SimulatedPipeline, rng: random.Random, requests: int) -> None:
-    ended: list[str] = []  # ids free to use again (a retry under the same id)
+    """``requests`` requests, arriving over :data:`ARRIVALS` seconds. A third of the
+    consumers leave after one or three outputs; a consumer whose request did not
+    complete retries at once, half the time, under the same id (a client's retry),
+    and another request takes an ended id now and then."""
+    ended: list[str] = []  # ids free to use again
+    budget = iter(range(requests))
+
+    async def one(index: int, request_id: str) -> None:
+        while True:
+            leave_after = rng.choice([0, 0, 0, 0, 1, 3])
+            completed = await _consume(sim, f"p{index}", request_id, leave_after)
+            if completed or rng.random() < 0.5:
+                break
+            retry = next(budget, None)
+            if retry is None:
+                break
+            index = retry
+        ended.append(request_id)
+
     async with trio.open_nursery() as nursery:
-
-        async def one(index: int, request_id: str, leave_after: int) -> None:
-            try:
-                await _consume(sim, f"p{index}", request_id, leave_after)
-            finally:
-                ended.append(request_id)
-
-        for index in range(requests):
-            if ended and rng.random() < 0.3:
+        for index in budget:
+            if ended and rng.random() < 0.2:
                 request_id = ended.pop(rng.randrange(len(ended)))
             else:
                 request_id = f"q{index}"
-            leave_after = rng.choice([0, 0, 0, 0, 1, 3])
-            nursery.start_soon(one, index, request_id, leave_after)
+            nursery.start_soon(one, index, request_id)
             await trio.sleep(rng.uniform(0, 2 * ARRIVALS / requests))
 
 
@@ -268,6 +286,7 @@ def simulate(
     fault_count: int = 3,
     bug: str | None = None,
     config: PipelineConfig | None = None,
+    keep_trace: bool = False,
 ) -> SimulationResult:
     """One seeded run: ``requests`` requests (some leaving early, some reusing an
     ended request's id) and ``faults`` (default: ``fault_count`` drawn from
@@ -302,6 +321,7 @@ def simulate(
         completed=completed,
         requests=len(sim.requests),
         bug=bug,
+        trace=sim.trace if keep_trace else None,
     )
 
 

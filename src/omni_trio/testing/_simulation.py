@@ -53,6 +53,8 @@ class RequestRecord:
       outputs: Every output its consumer read, in order; the terminal last (also the
           one its block's exit received, if it was left early).
       opened_at, left_at: Virtual times its block was entered and left.
+      left_early: Its block was left before its terminal was read: the outputs
+          it had not read were skipped.
     """
 
     index: int
@@ -61,6 +63,7 @@ class RequestRecord:
     outputs: list[OrchOutput] = attrs.Factory(list)
     opened_at: float = 0.0
     left_at: float | None = None
+    left_early: bool = False
     stop_until: float = 0.0
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
 
@@ -85,6 +88,10 @@ class _TracedStage:
     @property
     def death_cause(self) -> str | None:
         return self.stage.death_cause
+
+    @property
+    def reports_releases(self) -> bool:
+        return self.stage.reports_releases
 
     async def submit(self, request_id: str, inputs: Any) -> None:
         self._trace.record("submit", self.stage_id, request_id, summary(inputs))
@@ -117,7 +124,9 @@ class _TracedStage:
 
     @staticmethod
     def _record(trace: Trace, stage_id: int, opened: set[str], out: StageOutput) -> None:
-        if out.error is not None:
+        if out.released:
+            trace.record("stage-fence", stage_id, out.request_id)
+        elif out.error is not None:
             trace.record("stage-error", stage_id, out.request_id, repr(out.error))
             opened.discard(out.request_id)
         elif out.finished:
@@ -255,6 +264,7 @@ class SimulatedPipeline:
     def _received_on_leaving(self, record: RequestRecord, terminal: OrchOutput | None) -> None:
         """The terminal the block's exit received, if the consumer had not read it."""
         if terminal is not None and (not record.outputs or record.outputs[-1] is not terminal):
+            record.left_early = True
             record.outputs.append(terminal)
             self.trace.record(
                 "terminal",
