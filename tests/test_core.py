@@ -490,3 +490,35 @@ class TestConfiguration:
     def test_needs_a_stage(self):
         with pytest.raises(ValueError, match="at least one stage"):
             OrchestratorCore(0, {0}, prewarm_fn=warm)
+
+
+class TestReleaseFences:
+    """A stage that reports releases (``reports_releases``): its outputs of an ended
+    request's id are dropped until its fence comes, so a later request with the same
+    id never gets them."""
+
+    def test_a_late_output_of_an_ended_request_never_reaches_its_successor(self):
+        core = OrchestratorCore(1, {0}, prewarm_fn=warm, fenced_stages=[0])
+        core.add_request("r", "first")
+        core.abort("r")
+        assert [type(c).__name__ for c in core.take_commands()][-1] == "StageRelease"
+        core.take_outputs()
+        core.add_request("r", "second")  # the id again, before the fence
+        core.take_commands()
+        assert feed(core, 0, "r", "of the first") == []  # read before the release: late
+        assert core.dropped_outputs == 1
+        core.receive_output(0, StageOutput("r", released=True))
+        assert feed(core, 0, "r", "of the second") == [(0, "of the second", False)]
+        assert core.fences == 0
+
+    def test_only_fenced_stages_are_held_and_a_dead_one_owes_none(self):
+        core = OrchestratorCore(2, {0, 1}, prewarm_fn=warm, fenced_stages=[1])
+        core.add_request("r", "p")
+        core.abort("r")
+        assert core.fences == 1  # stage 1's; stage 0 sends none
+        core.take_outputs()
+        core.add_request("r", "p")
+        assert feed(core, 0, "r", "x") == [(0, "x", False)]  # trusted as it always was
+        assert feed(core, 1, "r", "late") == []
+        core.stage_died(1, "gone")
+        assert core.fences == 0
