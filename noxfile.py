@@ -135,6 +135,16 @@ def docs(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11")
+def simulate(session: nox.Session) -> None:
+    """Seeded simulations in virtual time (not a default session; the suite runs a
+    fixed set of seeds): ``nox -s simulate`` runs 500 random seeds, every invariant
+    checked; ``nox -s simulate -- --seed N`` replays one (``-- --seed N --trace
+    t.txt`` writes its trace); any ``omni-trio simulate`` option goes after ``--``."""
+    session.install("-e", ".")
+    session.run("omni-trio", "simulate", *(session.posargs or ["--runs", "500"]))
+
+
+@nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
     """``omni-trio bench`` (not a default session): Trio vs the asyncio twin vs uvloop."""
     session.install(".[bench]")

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FRAGMENT = "<!-- fragment -->"
 PYTHON_FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`\s]*)")
 # the files whose examples the issue names: each must have at least one that runs
-MUST_RUN = {"README.md", "docs/index.md", "docs/process.md"}
+MUST_RUN = {"README.md", "docs/index.md", "docs/process.md", "docs/testing.md"}
 TIMEOUT = 60.0  # seconds per block: generous for a loaded 2-core machine
 
 
@@ -119,6 +119,10 @@ def test_example_runs(block: Block, tmp_path: Path) -> None:
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"{block.id}: still running after {TIMEOUT} s\n{exc.stdout}\n{exc.stderr}")
     assert result.returncode == 0, f"{block.id} failed:\n{result.stdout}\n{result.stderr}"
+    if "pytest.main([__file__" in block.code:  # a test module: its tests ran, and passed
+        summary = result.stdout.strip().splitlines()[-1]
+        assert re.search(r"\b\d+ passed\b", summary), f"{block.id}: {summary}"
+        assert not re.search(r"failed|error|skipped|deselected", summary), summary
     bare = [line for line in result.stdout.splitlines() if re.search(r"\bNone\s*$", line)]
     assert not bare, f"{block.id} prints a bare None (a completion without data): {bare}"
 
