@@ -99,4 +99,5 @@ def test_signatures_resolve_from_the_package() -> None:
         "data",
         "finished",
         "error",
+        "released",
     ]

@@ -317,7 +317,11 @@ async def test_an_abort_or_a_release_cancels_a_submit_waiting_for_a_restart(tmp_
             while not outs or not outs[-1].finished:
                 item = await stage.outputs.receive()
                 outs.extend(item if isinstance(item, list) else [item])
-        assert [(out.request_id, out.data) for out in outs] == [("runs", "RUNS"), ("runs", None)]
+        assert [(out.request_id, out.data, out.released) for out in outs] == [
+            ("released", None, True),  # its release's fence (nothing of it came before)
+            ("runs", "RUNS", False),
+            ("runs", None, False),
+        ]
         stats = await stage.refresh_statistics()
         assert (stats.in_flight, stats.worker_requests) == (0, 1)  # "runs", until its release
         await stage.release("runs")
