@@ -21,6 +21,7 @@ import trio
 import trio.testing
 
 from helpers import FULL_SIZE
+from omni_trio.cli import main
 from omni_trio.config import parse_pipeline
 from omni_trio.process import SimulationError, in_simulation, run_in_thread
 from omni_trio.testing import (
@@ -373,30 +374,27 @@ async def test_a_closed_end_reads_as_the_end_after_what_was_sent(autojump_clock)
     assert not wire.open
 
 
-def test_the_simulate_command_replays_a_seed_and_writes_its_trace(tmp_path):
+def test_the_simulate_command_replays_a_seed_and_writes_its_trace(tmp_path, capsys):
     trace = tmp_path / "trace.txt"
-    done = subprocess.run(
-        [sys.executable, "-m", "omni_trio", "simulate", "--seed", "3", "--trace", str(trace)],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    digest = simulate(3).digest
-    assert f"trace {digest}" in done.stdout
-    assert "faults = FaultPlan([" in done.stdout
+    assert main(["simulate", "--seed", "3", "--trace", str(trace)]) == 0
+    out = capsys.readouterr().out
+    assert f"trace {simulate(3).digest}" in out
+    assert "faults = FaultPlan([" in out
     assert trace.read_text().startswith("0.000000 begin seed=3 simulation async_chunk\n")
 
 
-def test_the_simulate_command_fails_on_a_caught_bug_and_prints_the_shrunk_plan():
+def test_the_simulate_command_fails_on_a_caught_bug_and_prints_the_shrunk_plan(capsys):
     seed = BUG_SEEDS[0]
-    done = subprocess.run(
-        [sys.executable, "-m", "omni_trio", "simulate", "--seed", str(seed), *BUG],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
-    assert "broke an invariant" in done.stdout
-    assert f"replay: nox -s simulate -- --seed {seed}" in done.stdout
+    assert main(["simulate", "--seed", str(seed), *BUG]) == 1
+    out = capsys.readouterr().out
+    assert "broke an invariant" in out
+    assert f"replay: nox -s simulate -- --seed {seed}" in out
+
+
+def test_the_simulate_command_runs_seeds(capsys):
+    assert main(["simulate", "--runs", "2", "--start", "5", "--processes", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "2 runs, seeds 5 to 6: 2 passed every invariant" in out
 
 
 @pytest.mark.parametrize(
@@ -407,12 +405,9 @@ def test_the_simulate_command_fails_on_a_caught_bug_and_prints_the_shrunk_plan()
         (["--bug", "nope"], "--bug must be one of chunk-ownership"),
     ],
 )
-def test_the_simulate_command_refuses_bad_arguments(args, message):
-    done = subprocess.run(
-        [sys.executable, "-m", "omni_trio", "simulate", *args], capture_output=True, text=True
-    )
-    assert done.returncode == 2
-    assert message in done.stderr
+def test_the_simulate_command_refuses_bad_arguments(args, message, capsys):
+    assert main(["simulate", *args]) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_the_workload_config_is_what_the_docs_say():

@@ -190,8 +190,9 @@ class WorkerConnection:
         reason = self._gone_because or "unknown"
         if self._cut:  # its own end (an exit status) says more, if it comes promptly: a
             # killed worker's socket reads as closed, or as reset when it died with our
-            # frames unread
-            with trio.move_on_after(1.0):
+            # frames unread (its exit status is there as soon: a reset waits less, as
+            # one from a live peer -- a Ray actor's -- says nothing more to wait for)
+            with trio.move_on_after(1.0 if reason == CLOSED else 0.25):
                 reason = await self.handle.wait()
         self.handle.kill()
         place = self.handle.place
