@@ -119,14 +119,14 @@ class MemoryNetwork:
         self.shared_memory = shared_memory
         self.segments = segments
         self.connections = 0
-        self._listeners: dict[str, _MemoryListener] = {}
+        self._listeners: dict[str, MemoryListener] = {}
 
     async def listen(self, name: str) -> tuple[trio.abc.Listener[trio.abc.Stream], str]:
         await trio.lowlevel.checkpoint()
         address = f"mem:{name}"
         if address in self._listeners:
             raise OSError(f"{address} is in use")
-        listener = _MemoryListener(lambda: self._listeners.pop(address, None))
+        listener = MemoryListener(lambda: self._listeners.pop(address, None))
         self._listeners[address] = listener
         return listener, address
 
@@ -142,7 +142,7 @@ class MemoryNetwork:
 
 
 @final
-class _MemoryListener(trio.abc.Listener[trio.abc.Stream]):
+class MemoryListener(trio.abc.Listener[trio.abc.Stream]):
     def __init__(self, on_close: Callable[[], object]) -> None:
         self._on_close = on_close
         self.incoming, self._accepted = trio.open_memory_channel[trio.abc.Stream](math.inf)

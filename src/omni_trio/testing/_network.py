@@ -11,12 +11,12 @@ So the simulation knows each worker's connections, and a fault can stall a worke
 from __future__ import annotations
 
 import logging
-import math
 
 import trio
 
 from .._util import describe, final
 from ..process._launcher import LaunchedWorker
+from ..process.testing import MemoryListener
 from ..process.worker._shm import MemorySegments, Segments
 from ..process.worker._threads import IN_SIMULATION
 from ..process.worker._worker import serve
@@ -28,27 +28,6 @@ logger = logging.getLogger("omni_trio.simulation")
 
 #: A worker's place: (stage id, replica).
 Place = tuple[int, int]
-
-
-@final
-class _Listener(trio.abc.Listener[trio.abc.Stream]):
-    def __init__(self, network: SimNetwork, address: str, place: Place) -> None:
-        self._network = network
-        self.address = address
-        self.place = place
-        self.incoming, self._accepted = trio.open_memory_channel[trio.abc.Stream](math.inf)
-
-    async def accept(self) -> trio.abc.Stream:
-        try:
-            return await self._accepted.receive()
-        except (trio.EndOfChannel, trio.ClosedResourceError):
-            raise trio.ClosedResourceError("the listener is closed") from None
-
-    async def aclose(self) -> None:
-        self._network.listeners.pop(self.address, None)
-        self.incoming.close()
-        self._accepted.close()
-        await trio.lowlevel.checkpoint()
 
 
 @final
@@ -65,7 +44,11 @@ class _WorkerTransport:
         address = f"sim:{name}"
         if address in self._network.listeners:
             raise OSError(f"{address} is in use")
-        listener = self._network.listeners[address] = _Listener(self._network, address, self._place)
+        network = self._network
+        listener = network.listeners[address] = MemoryListener(
+            lambda: network.listeners.pop(address, None)
+        )
+        network.places[address] = self._place
         return listener, address
 
     async def connect(self, address: str) -> tuple[trio.abc.Stream, bool]:
@@ -74,7 +57,7 @@ class _WorkerTransport:
         if listener is None:
             raise ConnectionRefusedError(f"nobody listens at {address!r}")
         wire, ours, theirs = open_wire()
-        self._network.add_link(self._place, listener.place, wire)
+        self._network.add_link(self._place, self._network.places[address], wire)
         listener.incoming.send_nowait(theirs)
         return ours, True
 
@@ -100,7 +83,8 @@ class SimNetwork:
 
     def __init__(self) -> None:
         self.segments = MemorySegments()
-        self.listeners: dict[str, _Listener] = {}
+        self.listeners: dict[str, MemoryListener] = {}
+        self.places: dict[str, Place] = {}  # whose worker listens at each address
         self._links: list[_Link] = []
         self._controls: list[Wire] = []
         self.workers: dict[Place, _SimWorker] = {}  # the current worker of each place
