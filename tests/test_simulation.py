@@ -237,7 +237,7 @@ async def test_a_killed_worker_fails_its_request_and_is_restarted(autojump_clock
         assert sim.stages[0].statistics().restarts == 1
     terminal = outputs[-1][1]
     assert terminal.finish_reason == "error"
-    assert "its worker died: killed (restarted)" in terminal.error
+    assert "its worker died: killed (its task was cancelled) (restarted)" in terminal.error
     assert "fault Fault(at=0.25, kind='kill', stage=0, replica=0)" in str(sim.trace)
 
 

@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
+from typing import TYPE_CHECKING
 
 import trio
 
 from .._util import describe, final
 from ._launcher import LaunchedWorker
-from .worker._engine import EngineFactory
 from .worker._worker import serve
 
-__all__ = ["TaskLauncher"]
+if TYPE_CHECKING:
+    from .worker._engine import EngineFactory
+    from .worker._transport import Transport
+
+__all__ = ["TaskHandle", "TaskLauncher"]
 
 logger = logging.getLogger("omni_trio.process")
 
 
-@final
-class _TaskHandle:
+class TaskHandle:
+    """A worker that is a task of this Trio run, as a launcher's handle
+    (``WorkerHandle``): :meth:`run` is the task, :meth:`kill` cancels it."""
+
     pid = None
     place = None
 
@@ -34,7 +41,13 @@ class _TaskHandle:
         await self._done.wait()
         return self._reason
 
-    async def run(self, control: trio.abc.Stream, factory: EngineFactory | None) -> None:
+    async def run(
+        self,
+        control: trio.abc.Stream,
+        *,
+        factory: EngineFactory | None = None,
+        transport: Transport | None = None,
+    ) -> None:
         """The worker: ``serve`` until it returns (``Shutdown``, or its control
         connection closed), raises (said as the reason, as a process's exit status
         would be) or is killed. Its end of the connection closes with it, which is how
@@ -42,7 +55,7 @@ class _TaskHandle:
         reason = "its task was cancelled"  # with the stage's nursery
         try:
             with self._scope:
-                await serve(control, factory=factory)
+                await serve(control, factory=factory, transport=transport)
                 reason = "its task returned"
             if self._scope.cancelled_caught:
                 reason = "killed (its task was cancelled)"
@@ -75,6 +88,7 @@ class TaskLauncher:
         ours, theirs = (
             trio.SocketStream(trio.socket.from_stdlib_socket(end)) for end in socket.socketpair()
         )
-        handle = _TaskHandle()
-        nursery.start_soon(handle.run, theirs, self._factory, name="in-process worker")
+        handle = TaskHandle()
+        run = functools.partial(handle.run, factory=self._factory)
+        nursery.start_soon(run, theirs, name="in-process worker")
         return LaunchedWorker(handle, ours, heartbeat=False)

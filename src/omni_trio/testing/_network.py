@@ -10,21 +10,24 @@ So the simulation knows each worker's connections, and a fault can stall a worke
 
 from __future__ import annotations
 
-import logging
+import functools
+from typing import TYPE_CHECKING
 
 import trio
 
-from .._util import describe, final
+from .._util import final
 from ..process._launcher import LaunchedWorker
+from ..process._task_launcher import TaskHandle
 from ..process.testing import MemoryListener
 from ..process.worker._shm import MemorySegments, Segments
 from ..process.worker._threads import IN_SIMULATION
-from ..process.worker._worker import serve
 from ._streams import Wire, open_wire
 
-__all__ = ["SimLauncher", "SimNetwork"]
+if TYPE_CHECKING:
+    from ..process.worker._engine import EngineFactory
+    from ..process.worker._transport import Transport
 
-logger = logging.getLogger("omni_trio.simulation")
+__all__ = ["SimLauncher", "SimNetwork"]
 
 #: A worker's place: (stage id, replica).
 Place = tuple[int, int]
@@ -176,45 +179,25 @@ class SimNetwork:
 
 
 @final
-class _SimWorker:
-    """A worker's task, as a launcher's handle (``WorkerHandle``)."""
-
-    pid = None
-    place = None
+class _SimWorker(TaskHandle):
+    """A worker's task, as a launcher's handle: an in-process worker's, whose
+    engines know they run in a simulation, with its wires known for faults."""
 
     def __init__(self, control: Wire) -> None:
+        super().__init__()
         self.control = control
         self.stalled = False
         self.held: list[Wire] = []
-        self._scope = trio.CancelScope()
-        self._done = trio.Event()
-        self._reason = "not ended"
 
-    def kill(self) -> None:
-        self._scope.cancel()
-
-    async def wait(self) -> str:
-        await self._done.wait()
-        return self._reason
-
-    async def run(self, control: trio.abc.Stream, transport: _WorkerTransport) -> None:
+    async def run(
+        self,
+        control: trio.abc.Stream,
+        *,
+        factory: EngineFactory | None = None,
+        transport: Transport | None = None,
+    ) -> None:
         IN_SIMULATION.set(True)  # this task's context: its engines see it
-        reason = "its task was cancelled"
-        try:
-            with self._scope:
-                await serve(control, transport=transport)
-                reason = "its task returned"
-            if self._scope.cancelled_caught:
-                reason = "killed"
-        except Exception as exc:
-            logger.error("a simulated worker raised", exc_info=True)
-            reason = f"raised {describe(exc)}"
-        finally:
-            self._reason = reason
-            try:
-                await trio.aclose_forcefully(control)
-            finally:
-                self._done.set()
+        await super().run(control, factory=factory, transport=transport)
 
 
 @final
@@ -234,10 +217,6 @@ class SimLauncher:
         worker = _SimWorker(wire)
         self._network.workers[self._place] = worker
         stage_id, replica = self._place
-        nursery.start_soon(
-            worker.run,
-            theirs,
-            self._network.transport(self._place),
-            name=f"simulated worker {stage_id}.{replica}",
-        )
+        run = functools.partial(worker.run, transport=self._network.transport(self._place))
+        nursery.start_soon(run, theirs, name=f"simulated worker {stage_id}.{replica}")
         return LaunchedWorker(worker, ours, heartbeat=True)
