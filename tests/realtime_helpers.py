@@ -4,9 +4,9 @@ WebSocket client for it.
 :func:`realtime_server` serves three :class:`ScriptedStage` stages: listen (stage 0,
 ``"transcript"``: it "hears" an utterance as ``"<N> ms of audio"``, or its text as
 it is), thinker (stage 1, text: :data:`WORDS` words about what it heard, one every
-``word_seconds``) and code2wav (stage 2, 24 kHz audio: a chunk per word). Each stage
-records its submits and aborts, so a test can see every stage's abort of a
-cancelled response.
+``word_seconds``; a transcript that starts with "fail" makes it fail after two) and
+code2wav (stage 2, 24 kHz audio: a chunk per word). Each stage records its submits
+and aborts, so a test can see every stage's abort of a cancelled response.
 
 The client is ``websockets``' own synchronous one, run in a thread
 (:func:`talk`), so the server keeps running in the test's Trio loop.
@@ -36,6 +36,8 @@ HEARD = FinalOutput(0, "transcript", "listen")
 TEXT = FinalOutput(1, "text", "thinker")
 AUDIO = FinalOutput(2, "audio", "code2wav", 24_000)
 WORDS = 12
+#: What the scripted thinker says when it fails.
+THINKER_BROKE = "the scripted thinker broke"
 #: A chunk of audio per word: 100 ms at 24 kHz.
 WORD_AUDIO = b"\x01\x00" * 2400
 
@@ -87,10 +89,13 @@ class Script:
         transcript = heard(utterance)
         try:
             await listen.emit(rid, transcript, finished=True)
-            for word in answer_words(transcript):
+            for index, word in enumerate(answer_words(transcript)):
                 if self.word_seconds:
                     await trio.sleep(self.word_seconds)
                 if rid in self.aborts:
+                    return
+                if index == 2 and transcript.startswith("fail"):
+                    await thinker.emit(rid, error=THINKER_BROKE)
                     return
                 await thinker.emit(rid, word)
                 await code2wav.emit(rid, WORD_AUDIO)

@@ -16,12 +16,14 @@ from collections.abc import Callable
 import httpx
 import pytest
 import trio
+import trio.testing
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from omni_trio.serve import RealtimeOptions
 from realtime_helpers import (
     MODEL,
+    THINKER_BROKE,
     WORDS,
     Client,
     answer_words,
@@ -205,7 +207,7 @@ BAD_EVENTS = [
     ("not json", "malformed", None, None),
     (b"\x00binary", "binary", None, None),
     ({"type": "no.such.event", "event_id": "e1"}, "unknown type", "e1", "type"),
-    ({"type": "conversation.item.truncate", "event_id": "e2"}, "missing field", "e2", None),
+    ({"type": "conversation.item.truncate", "event_id": "e2"}, "missing field", "e2", "item_id"),
     (
         {"type": "input_audio_buffer.append", "event_id": "e3", "audio": "%%%"},
         "not base64",
@@ -336,6 +338,220 @@ async def test_sessions_are_isolated() -> None:
             for question in ("alpha one", "bravo two", "charlie three"):
                 nursery.start_soon(one, question)
     assert answers == {q: "".join(answer_words(q)) for q in answers}
+
+
+async def test_one_sessions_death_leaves_the_others_alone() -> None:
+    """A session whose socket dies mid-answer ends with its answer aborted at every
+    stage; the session beside it, mid-answer too, is answered in full and goes on."""
+    async with realtime_server(word_seconds=0.02) as server:
+        streaming = trio.Event()
+
+        def dies(client: Client) -> None:
+            say(client, "doomed")
+            client.send("response.create")
+            client.until(DELTAS[1])
+            trio.from_thread.run_sync(streaming.set)
+            client.ws.socket.close()  # no close frame: the connection just ends
+
+        def lives(client: Client) -> list[str]:
+            trio.from_thread.run(streaming.wait)
+            say(client, "steady")
+            client.send("response.create")
+            first = client.until("response.done")["response"]
+            say(client, "again")
+            client.send("response.create")
+            second = client.until("response.done")["response"]
+            return [
+                first["status"],
+                second["status"],
+                "".join(e["delta"] for e in client.of(DELTAS[1])),
+            ]
+
+        results: dict[str, object] = {}
+
+        async def run(name: str, script: Callable[[Client], object]) -> None:
+            try:
+                results[name] = await talk(server.ws_url(), script)
+            except ConnectionClosed:
+                results[name] = "closed"
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run, "dies", dies)
+            nursery.start_soon(run, "lives", lives)
+        with trio.fail_after(5):
+            await server.script.aborted.wait()
+    first, second, text = results["lives"]
+    assert (first, second) == ("completed", "completed")
+    assert text == "".join(answer_words("steady")) + "".join(answer_words("again"))
+    (doomed,) = [rid for rid, p in server.script.prompts.items() if p["text"] == "doomed"]
+    assert server.script.fully_aborted() == [doomed]
+
+
+async def test_a_failed_answer_is_failed_and_names_why() -> None:
+    async with realtime_server() as server:
+
+        def script(client: Client) -> dict:
+            say(client, "fail now")
+            client.send("response.create")
+            done = client.until("response.done")
+            say(client, "after")
+            client.send("response.create")
+            client.until("response.done")
+            return done["response"]
+
+        response = await talk(server.ws_url(), script)
+    assert response["status"] == "failed"
+    assert THINKER_BROKE in response["status_details"]["error"]["message"]
+    assert response["output"][0]["status"] == "incomplete"
+    # what was heard of it stays in the conversation: two words
+    after = [p for p in server.script.prompts.values() if p["text"] == "after"]
+    assert after[0]["context"][-1] == {"role": "assistant", "text": "fail0 fail1 "}
+
+
+async def test_an_answer_aborted_by_the_server_is_incomplete() -> None:
+    async with realtime_server(word_seconds=0.05) as server:
+        orchestrator = server.app.state.omni_trio.orchestrator
+
+        def script(client: Client) -> dict:
+            say(client, "cut short")
+            client.send("response.create")
+            client.until(DELTAS[1])
+            (rid,) = server.script.prompts
+            trio.from_thread.run(orchestrator.abort, rid)
+            return client.until("response.done")["response"]
+
+        response = await talk(server.ws_url(), script)
+    assert response["status"] == "incomplete"
+    assert response["status_details"] == {"type": "incomplete", "reason": "aborted"}
+
+
+async def test_a_cancelled_answer_keeps_what_was_written() -> None:
+    async with realtime_server(word_seconds=0.05) as server:
+
+        def script(client: Client) -> str:
+            say(client, "long")
+            client.send("response.create")
+            for _ in range(3):
+                client.until(DELTAS[1])
+            client.send("response.cancel")
+            client.until("response.done")
+            written = "".join(e["delta"] for e in client.of(DELTAS[1]))
+            say(client, "next")
+            client.send("response.create")
+            client.until("response.done")
+            return written
+
+        written = await talk(server.ws_url(), script)
+    assert written.startswith("long0 long1 long2 ")
+    assert written != "".join(answer_words("long"))
+    (after,) = [p for p in server.script.prompts.values() if p["text"] == "next"]
+    assert after["context"] == [
+        {"role": "user", "text": "long"},
+        {"role": "assistant", "text": written},
+    ]
+
+
+async def test_a_truncation_while_the_answer_streams_holds() -> None:
+    """The client cuts an answer it is still receiving: the answer keeps what was
+    played then, however much more of it comes."""
+    async with realtime_server(word_seconds=0.03) as server:
+
+        def script(client: Client) -> tuple[dict, dict]:
+            say(client, "story")
+            client.send("response.create")
+            item = client.until("response.output_item.added")["item"]["id"]
+            for _ in range(4):
+                client.until(DELTAS[0])
+            client.send(
+                "conversation.item.truncate", item_id=item, content_index=0, audio_end_ms=200
+            )
+            truncated = client.until("conversation.item.truncated")
+            done = client.until("response.done")["response"]
+            say(client, "then")
+            client.send("response.create")
+            client.until("response.done")
+            return truncated, done
+
+        truncated, done = await talk(server.ws_url(), script)
+    assert truncated["audio_end_ms"] == 200
+    assert done["status"] == "completed"
+    kept = done["output"][0]["content"][0]["transcript"]
+    words = "".join(answer_words("story")).split()
+    # 200 ms of the 400-500 ms of audio written when the cut came: two words or three
+    assert kept in (" ".join(words[:2]), " ".join(words[:3]))
+    (then,) = [p for p in server.script.prompts.values() if p["text"] == "then"]
+    assert then["context"][-1] == {"role": "assistant", "text": kept}
+
+
+async def test_clearing_the_buffer_drops_its_audio() -> None:
+    async with realtime_server() as server:
+
+        def script(client: Client) -> None:
+            manual(client)
+            client.append(quiet(500))
+            client.send("input_audio_buffer.clear")
+            client.until("input_audio_buffer.cleared")
+            client.send("input_audio_buffer.commit")
+            client.until("error")
+            client.append(quiet(300))
+            client.send("input_audio_buffer.commit")
+            client.until("input_audio_buffer.committed")
+            client.send("response.create")
+            client.until("response.done")
+
+        await talk(server.ws_url(), script)
+    (prompt,) = server.script.prompts.values()
+    assert len(prompt["audio"]) == 300 * 48
+
+
+async def test_a_session_is_not_idle_while_its_answer_streams() -> None:
+    options = RealtimeOptions(idle_timeout=0.2)
+    async with realtime_server(options=options, word_seconds=0.05) as server:
+
+        def script(client: Client) -> list[str]:
+            say(client, "slowly")
+            client.send("response.create")
+            client.until("response.done")  # 0.6 s: three idle timeouts
+            client.until("error")
+            return [e["type"] for e in client.events]
+
+        kinds = await talk(server.ws_url(), script)
+    assert kinds.count("error") == 1
+    assert kinds.index("response.done") < kinds.index("error")
+
+
+async def test_a_client_that_reads_nothing_is_not_read_from_past_the_bound() -> None:
+    """Every server event a session queues is bounded, an error for each bad client
+    event too: past ``outbox_bytes`` queued, the session reads no more events."""
+    options = RealtimeOptions(outbox_bytes=4096)
+    async with realtime_server(options=options) as server:
+        endpoint = server.app.state.omni_trio.realtime
+        frames = 0
+
+        async def receive() -> dict:
+            nonlocal frames
+            await trio.lowlevel.checkpoint()
+            frames += 1
+            if frames == 1:
+                return {"type": "websocket.connect"}
+            if frames > 10_000:
+                return {"type": "websocket.disconnect", "code": 1000}
+            return {"type": "websocket.receive", "text": "not json"}
+
+        async def send(message: dict) -> None:
+            if message["type"] == "websocket.send":
+                await trio.sleep_forever()  # the client reads nothing
+
+        scope = {"type": "websocket", "query_string": f"model={MODEL}".encode()}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(endpoint, scope, receive, send)
+            await trio.testing.wait_all_tasks_blocked()
+            (session,) = endpoint.sessions
+            queued = session._outbox.nbytes
+            nursery.cancel_scope.cancel()
+    error_bytes = 300  # an error event for a frame that is not JSON, about
+    assert 4096 < queued <= 4096 + error_bytes
+    assert frames < 2 + 4096 // 100
 
 
 # -- audio in chat completions ----------------------------------------------------------

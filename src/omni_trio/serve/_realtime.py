@@ -73,10 +73,11 @@ class RealtimeOptions:
       speculate: Start recognising a turn when its silence begins (see the module).
       speculate_after_ms: How much silence begins a speculation (less than the
           session's ``silence_duration_ms``; when it is not, half of that).
-      outbox_bytes: Server events a session may have queued, unwritten, before its
-          responses wait for the client (a response's outputs then stay unread in the
+      outbox_bytes: Server events a session may have queued, unwritten, before it
+          waits for the client: its responses wait (their outputs stay unread in the
           orchestrator, bounded by ``max_unread_bytes`` and ``consumer_idle_timeout``
-          like any request's).
+          like any request's), and so does the reading of its client's events (what
+          one event makes is queued at once: at most this plus one event's worth).
       trace: Called as ``trace(session_id, what, ref)`` at each step of a turn and a
           response, the moment the session takes it: ``"speech_started"``,
           ``"silence_started"``, ``"speech_stopped"`` (``ref``: the turn's item id),

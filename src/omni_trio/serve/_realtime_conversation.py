@@ -57,10 +57,13 @@ class Item:
       id: Its ``item_id``.
       role: ``"user"`` or ``"assistant"``.
       text: What was said, as far as it is known: a user's typed text or its audio's
-          transcript (``None`` until the transcript comes); an answer's transcript,
-          cut to what was heard if the client truncated it.
+          transcript (``None`` until the transcript comes); an answer's transcript
+          as written to the client so far, cut to what was heard if the client
+          truncated it.
       audio: A user turn's audio (24 kHz PCM16) until a response takes it.
       audio_ms: An answer's audio written to the client so far, in ms.
+      cut: An answer the client truncated: its text and audio are what the client
+          played, and stay so however much more of it is written.
     """
 
     id: str
@@ -69,6 +72,7 @@ class Item:
     audio: bytes | None = None
     audio_ms: int = 0
     spoken: bool = False  # a user turn of audio (its audio may be gone: it was heard)
+    cut: bool = False
 
     def view(self, status: str = "completed") -> dict[str, Any]:
         """The item as its ``conversation.item.*`` events show it."""
@@ -163,6 +167,7 @@ class Conversation:
             keep = math.floor(len(words) * audio_end_ms / item.audio_ms + 0.5)
             item.text = " ".join(words[:keep])
             item.audio_ms = audio_end_ms
+            item.cut = True
         return item
 
 
@@ -256,8 +261,8 @@ class ResponseEvents:
         self.modality = modality
         self._resample = resample
         self._text: list[str] = []  # the answer's, as made
-        self._sent: list[str] = []  # of that, what was written to the client
         self._audio_sent = 0
+        self._over = False  # done: the answer's text is known
         self.first_audio = True
 
     @property
@@ -289,12 +294,15 @@ class ResponseEvents:
         ]
 
     def sent(self, out: Out) -> None:
-        """``out`` was written to the client: the answer, as the user has it, holds it."""
-        if out.words:
-            self._sent.append(out.words)
+        """``out`` was written to the client: the answer, as the user has it, holds it
+        (unless the client cut it: then it holds what was played)."""
+        answer = self.answer
+        if out.words and not (answer.cut or self._over):
+            answer.text = (answer.text or "") + out.words
         if out.audio_bytes:
             self._audio_sent += out.audio_bytes
-            self.answer.audio_ms = _ms(self._audio_sent)
+            if not answer.cut:
+                answer.audio_ms = _ms(self._audio_sent)
 
     def take(self, batch: list[OrchOutput]) -> list[Out]:
         """A batch of the request's outputs as events (the terminal's data too)."""
@@ -374,11 +382,16 @@ class ResponseEvents:
     def done(self, status: Status, details: dict[str, Any] | None = None) -> list[str]:
         """The response's last events: each part's ``done``, the item's, then
         ``response.done``. A completed answer holds all its text (its deltas are
-        queued before these); any other, only what was written to the client."""
+        queued before these), and so does a failed or incomplete one; a cancelled
+        one, only what was written to the client (the rest is dropped); one the
+        client truncated, what it played."""
         event = self._events.event
         where = {"response_id": self.id, "item_id": self.answer.id, "output_index": 0}
-        text = "".join(self._text if status == "completed" else self._sent)
-        self.answer.text = text
+        self._over = True
+        if status != "cancelled" and not self.answer.cut:
+            # every delta made is queued before these: it will all be written
+            self.answer.text = "".join(self._text)
+        text = self.answer.text or ""
         events = []
         if self.modality == "audio":
             events.append(event("response.output_audio.done", **where, content_index=0))

@@ -245,6 +245,7 @@ class _Envelope(msgspec.Struct):
 
 _envelope = msgspec.json.Decoder(_Envelope)
 _PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+_MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]*)`")
 
 
 def decode_client_event(frame: str | bytes) -> ClientEvent:
@@ -276,16 +277,27 @@ def decode_client_event(frame: str | bytes) -> ClientEvent:
     try:
         event: ClientEvent = decoder.decode(frame)
     except msgspec.ValidationError as exc:
-        text = str(exc)
-        match = _PATH.search(text)
-        param = match["path"] if match else None
-        message = text if match is None else f"{param}: {text[: match.start()]}"
-        raise RealtimeError(message, event_id=event_id, param=param or None) from None
+        message, param = _invalid(str(exc))
+        raise RealtimeError(message, event_id=event_id, param=param) from None
     if isinstance(event, InputAudioBufferAppend):
         event.pcm = _pcm(event.audio, event_id)
     elif isinstance(event, SessionUpdate):
         _check_session(event.session, event_id)
     return event
+
+
+def _invalid(text: str) -> tuple[str, str | None]:
+    """msgspec's account of a bad event as ``(message, param)``: the field it names
+    (a missing one too: ``item.role``), and the message led by it."""
+    match = _PATH.search(text)
+    path = match["path"] if match else ""
+    reason = text if match is None else text[: match.start()]
+    missing = _MISSING.match(reason)
+    if missing is not None:
+        field = missing["field"]
+        path = f"{path}.{field}" if path else field
+        reason = "missing required field"
+    return (f"{path}: {reason}" if path else reason), (path or None)
 
 
 def event_id_of(frame: str | bytes) -> str | None:

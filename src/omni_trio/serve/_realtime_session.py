@@ -93,10 +93,19 @@ class _Outbox:
         self._bytes += len(out.text)
         self._wake.set()
 
-    async def put(self, out: Out, response: _Response) -> None:
-        """Queue a response's event, waiting while the queue is over its bound."""
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the events queued."""
+        return self._bytes
+
+    async def wait_space(self) -> None:
+        """Wait while the queue is over its bound."""
         while self._bytes > self._limit:
             await self._space.park()
+
+    async def put(self, out: Out, response: _Response) -> None:
+        """Queue a response's event, waiting while the queue is over its bound."""
+        await self.wait_space()
         self.put_nowait(out, response)
 
     async def run(self, send: Send) -> None:
@@ -196,6 +205,10 @@ class Session:
     async def _read(self, receive: Receive) -> None:
         options = self._options
         while True:
+            # What a client event makes (errors, the detector's events, a response's
+            # start) is queued at once: a client that reads none of it is not read
+            # from while the queue is over its bound.
+            await self._outbox.wait_space()
             with trio.move_on_after(options.idle_timeout) as idle:
                 message = await receive()
             if idle.cancelled_caught:
@@ -227,10 +240,10 @@ class Session:
                 f"a binary frame ({len(data)} bytes): client events are JSON text frames",
                 code="invalid_frame",
             )
-        size = len(text)  # characters: at least as many bytes
+        size = len(text) if text.isascii() else len(text.encode())  # its UTF-8 bytes
         if size > self._options.max_event_bytes:
             raise RealtimeError(
-                f"the event is {size} characters, over the server's "
+                f"the event is {size} bytes, over the server's "
                 f"--realtime-max-event-bytes ({self._options.max_event_bytes})",
                 event_id=event_id_of(text),
                 code="event_too_large",
