@@ -547,7 +547,7 @@ async def test_a_client_that_reads_nothing_is_not_read_from_past_the_bound() -> 
             nursery.start_soon(endpoint, scope, receive, send)
             await trio.testing.wait_all_tasks_blocked()
             (session,) = endpoint.sessions
-            queued = session._outbox.nbytes
+            queued = session.queued_bytes
             nursery.cancel_scope.cancel()
     error_bytes = 300  # an error event for a frame that is not JSON, about
     assert 4096 < queued <= 4096 + error_bytes

@@ -17,9 +17,10 @@ events are held. If the silence lasts (the turn is over) the held events go out
 after ``input_audio_buffer.committed``; if speech resumes, the response is
 cancelled, unseen. The recognition thus overlaps the VAD's hangover.
 
-What a session decides with (the conversation, the audio buffer, each response's
-events) is in ``_realtime_conversation``, with no I/O; the wire shapes are in
-``_realtime_protocol``.
+What a session decides is in ``_realtime_state`` (turns, speculation, barge-in, as
+commands) and what it decides with in ``_realtime_conversation`` (the conversation,
+the audio buffer, each response's events), both with no I/O; ``_realtime_session``
+carries the commands out; the wire shapes are in ``_realtime_protocol``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """A Realtime session's state, with no I/O: the conversation, the input audio buffer,
 and each response's events built from its request's outputs.
 
-The Trio driver (``_realtime``) owns the tasks, the socket and the cancel scopes;
-what it decides with is here, testable with plain calls (as ``_answer`` is for chat
-completions).
+``_realtime_state`` decides with these; the Trio driver (``_realtime_session``) owns
+the tasks, the socket and the cancel scopes. All of it is testable with plain calls
+(as ``_answer`` is for chat completions).
 """
 
 from __future__ import annotations

@@ -1,0 +1,626 @@
+"""One ``/v1/realtime`` session's decisions, with no I/O (as ``_core`` is the
+orchestrator's): what each client event and each event of the voice activity
+detector does to the conversation, the input audio buffer, the turn being spoken and
+the responses -- and what must follow, as commands its Trio driver
+(``_realtime_session``) carries out in order: :class:`Send` an event to the client,
+:class:`Start` a response's request, :class:`Cancel` one.
+
+Turn-taking lives here: a turn starts with speech; with speculation a response starts
+held when its silence begins, and is promoted when the turn ends or cancelled unseen
+when speech resumes; speech over an answer cancels it (barge-in). Every step is a
+plain call, so the rules are testable without a socket or an event loop.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
+
+import attrs
+from msgspec import UNSET
+
+from ._realtime_conversation import AudioBuffer, Conversation, Item, Out, ResponseEvents, Status
+from ._realtime_protocol import (
+    SAMPLE_RATE,
+    ConversationItemCreate,
+    ConversationItemTruncate,
+    InputAudioBufferAppend,
+    InputAudioBufferClear,
+    InputAudioBufferCommit,
+    RealtimeError,
+    ResponseCancel,
+    ResponseCreate,
+    ServerEvents,
+    SessionUpdate,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .._messages import OrchOutput
+    from ..speech import VadEvent, VadOptions
+    from ._model import FinalOutput, ServedModel
+    from ._realtime import RealtimeOptions
+    from ._realtime_protocol import ClientEvent, TurnDetection
+
+__all__ = [
+    "Cancel",
+    "Command",
+    "Detector",
+    "Response",
+    "Send",
+    "SessionState",
+    "Start",
+    "failed",
+    "status_of",
+]
+
+#: The least audio a commit takes (OpenAI's rule: 100 ms).
+_MIN_COMMIT_MS = 100
+
+
+@attrs.define(eq=False)
+class Response:
+    """One response: its events, the user turn it answers, and where it stands.
+
+    Attributes:
+      held: A speculation: its events wait (in ``backlog``) for its turn's commit.
+      done: Its last events, if it ended while held.
+      cancelled: Why it was cancelled (its ``status_details.reason``), if it was.
+      silent: A speculation cancelled unseen: the client hears nothing of it.
+      ended: Its request is over.
+    """
+
+    events: ResponseEvents
+    turn: Item | None
+    held: bool = False
+    backlog: list[Out] = attrs.field(factory=list)
+    done: list[str] = attrs.field(factory=list)
+    cancelled: str | None = None
+    silent: bool = False
+    ended: bool = False
+
+
+@attrs.frozen
+class Send:
+    """Command: queue ``out`` for the client. A response's event (``response`` set)
+    is dropped if the response is cancelled before it is written."""
+
+    out: Out
+    response: Response | None = None
+
+
+@attrs.frozen
+class Start:
+    """Command: run ``response``'s request, with ``prompt`` as its input; then tell
+    :meth:`SessionState.ended`."""
+
+    response: Response
+    prompt: Any
+
+
+@attrs.frozen
+class Cancel:
+    """Command: cancel ``response``'s request (its ``Start`` came first)."""
+
+    response: Response
+
+
+Command: TypeAlias = Send | Start | Cancel
+
+
+class Detector(Protocol):
+    """What a session needs of its voice activity detector
+    (:class:`~omni_trio.speech.VoiceActivityDetector` is one)."""
+
+    def feed(self, pcm: bytes) -> list[VadEvent]: ...
+
+    def reset(self) -> None: ...
+
+
+@attrs.define
+class _Turns:
+    """The session's turn detection: server VAD's settings (``None``: manual)."""
+
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+    create_response: bool = True
+    interrupt_response: bool = True
+
+    def update(self, detection: TurnDetection) -> None:
+        for name in (
+            "threshold",
+            "prefix_padding_ms",
+            "silence_duration_ms",
+            "create_response",
+            "interrupt_response",
+        ):
+            value = getattr(detection, name)
+            if value is not None:
+                setattr(self, name, value)
+
+    def view(self) -> dict[str, Any]:
+        return {"type": "server_vad", "idle_timeout_ms": None, **attrs.asdict(self)}
+
+
+class SessionState:
+    """One session's conversation and turns, driven by plain calls: each call queues
+    the commands that follow from it, in order, for :meth:`commands`.
+
+    Args:
+      session_id: The session's id (``sess_...``).
+      model: The served model: its name, its outputs, whether it listens.
+      options: The endpoint's options (the buffer's limit, speculation, the trace
+          hook).
+      detector: Makes the session's voice activity detector from its settings
+          (default: :class:`~omni_trio.speech.VoiceActivityDetector` at 24 kHz); it is
+          made at the first append with server VAD on.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        model: ServedModel,
+        options: RealtimeOptions,
+        *,
+        detector: Callable[[VadOptions], Detector] | None = None,
+    ) -> None:
+        self.id = session_id
+        self._new_detector = detector
+        self._model = model
+        self._options = options
+        self._events = ServerEvents(session_id[5:13] + "_")
+        self._conversation = Conversation(prefix=f"item_{session_id[5:13]}_")
+        self._buffer = AudioBuffer(int(options.max_buffer_seconds * SAMPLE_RATE) * 2)
+        self._modality: Literal["audio", "text"] = (
+            "audio" if "audio" in model.modalities else "text"
+        )
+        self._turns: _Turns | None = _Turns()
+        self._vad: Detector | None = None  # made at the first append
+        self._vad_offset = 0  # the session's audio clock when the detector started
+        self._turn: Item | None = None  # the user turn being spoken (server VAD)
+        self._turn_start = 0
+        #: The response answering now (not a speculation).
+        self.response: Response | None = None
+        self._speculation: Response | None = None
+        #: Every response not yet ended and told.
+        self.responses: set[Response] = set()
+        self._instructions = ""
+        self._ids = 0
+        self._commands: list[Command] = []
+
+    def commands(self) -> list[Command]:
+        """The commands queued since the last call, in order."""
+        commands, self._commands = self._commands, []
+        return commands
+
+    # -- what the driver tells ----------------------------------------------------------
+
+    def created(self) -> None:
+        """The session has begun: ``session.created``."""
+        self._put("session.created", session=self._view())
+
+    def error(self, error: RealtimeError) -> None:
+        """A client event was refused: the client gets ``error``."""
+        self._commands.append(Send(Out(self._events.error(error))))
+
+    def handle(self, event: ClientEvent) -> None:
+        """A client event.
+
+        Raises:
+          RealtimeError: the event is refused (the session goes on).
+        """
+        if isinstance(event, InputAudioBufferAppend):
+            self._append(event)
+        elif isinstance(event, SessionUpdate):
+            self._update(event)
+        elif isinstance(event, InputAudioBufferCommit):
+            self._commit(event.event_id)
+        elif isinstance(event, InputAudioBufferClear):
+            self._clear()
+        elif isinstance(event, ConversationItemCreate):
+            self._create_item(event)
+        elif isinstance(event, ConversationItemTruncate):
+            item = self._conversation.truncate(event.item_id, event.audio_end_ms, event.event_id)
+            self._put(
+                "conversation.item.truncated",
+                item_id=item.id,
+                content_index=event.content_index,
+                audio_end_ms=event.audio_end_ms,
+            )
+        elif isinstance(event, ResponseCreate):
+            self._create_response(event)
+        else:
+            self._cancel_response(event)
+
+    def cancel_all(self, reason: str, *, silent: bool = False) -> None:
+        """Cancel every response (the session ends)."""
+        for response in list(self.responses):
+            self._cancel(response, reason, silent=silent)
+
+    def outgoing(self, response: Response, outs: list[Out]) -> list[Out]:
+        """Of a response's new events, those to send now: none while it is held
+        (they wait for its turn's commit)."""
+        if response.held:
+            response.backlog += outs
+            return []
+        return outs
+
+    def ended(self, response: Response, status: Status, details: dict[str, Any] | None) -> Status:
+        """``response``'s request is over, as ``status``: its last events follow (or
+        wait, if it is held). Returns its status as told (``cancelled`` if it was)."""
+        if response.cancelled is not None:
+            status, details = "cancelled", {"type": "cancelled", "reason": response.cancelled}
+        response.ended = True
+        if response.silent:
+            self.responses.discard(response)
+            return status
+        done = response.events.done(status, details)
+        if response.held:  # the turn is not over yet: these wait with the rest
+            response.done = done
+            return status
+        self._commands += [Send(Out(text)) for text in done]
+        self._trace("response_done", response.events.id)
+        self._finished(response)
+        return status
+
+    # -- client events ----------------------------------------------------------------
+
+    def _trace(self, what: str, ref: str) -> None:
+        trace = self._options.trace
+        if trace is not None:
+            trace(self.id, what, ref)
+
+    def _put(self, type: str, **fields: Any) -> None:
+        self._commands.append(Send(Out(self._events.event(type, **fields))))
+
+    def _view(self) -> dict[str, Any]:
+        audio = {"format": {"type": "audio/pcm", "rate": SAMPLE_RATE}}
+        return {
+            "type": "realtime",
+            "object": "realtime.session",
+            "id": self.id,
+            "model": self._model.name,
+            "output_modalities": [self._modality],
+            "instructions": self._instructions,
+            "audio": {
+                "input": {
+                    **audio,
+                    "turn_detection": None if self._turns is None else self._turns.view(),
+                },
+                "output": {**audio, "voice": None},
+            },
+        }
+
+    def _update(self, event: SessionUpdate) -> None:
+        session = event.session
+        if session.output_modalities is not UNSET:
+            (wanted,) = session.output_modalities
+            if wanted not in self._model.modalities:
+                raise RealtimeError(
+                    f"session.output_modalities: model {self._model.name!r} has no {wanted} output",
+                    event_id=event.event_id,
+                    param="session.output_modalities",
+                )
+            self._modality = wanted
+        if session.instructions is not UNSET:
+            self._instructions = session.instructions
+        if session.audio is not UNSET and session.audio.input is not UNSET:
+            detection = session.audio.input.turn_detection
+            if detection is None:
+                self._turns = None
+                self._forget_turn()
+                self._vad = None
+            elif detection is not UNSET:
+                turns = self._turns or _Turns()
+                turns.update(detection)
+                self._turns = turns
+                self._forget_turn()
+                self._vad = None  # made again, with these settings, at the next append
+        self._put("session.updated", session=self._view())
+
+    def _hearing(self, event_id: str | None, param: str) -> FinalOutput:
+        hearing = self._model.hearing
+        if hearing is None:
+            raise RealtimeError(
+                f"{param}: model {self._model.name!r} cannot listen: its pipeline "
+                'has no listening stage (final_output_type = "transcript")',
+                event_id=event_id,
+                param=param,
+                code="audio_not_supported",
+            )
+        return hearing
+
+    def _append(self, event: InputAudioBufferAppend) -> None:
+        self._hearing(event.event_id, "audio")
+        self._buffer.append(event.pcm, event.event_id)
+        turns = self._turns
+        if turns is None:
+            return
+        if self._vad is None:
+            self._vad = self._detector(turns, event.event_id)
+            self._vad_offset = self._buffer.end_ms - len(event.pcm) // 48
+        for happened in self._vad.feed(event.pcm):
+            self._on_vad(happened)
+        if self._turn is None:  # between turns: keep no more than a turn's padding
+            self._buffer.drop_before(self._buffer.end_ms - turns.prefix_padding_ms)
+
+    def _detector(self, turns: _Turns, event_id: str | None) -> Detector:
+        try:
+            from ..speech import VadOptions, VoiceActivityDetector
+
+            options = VadOptions(
+                threshold=turns.threshold,
+                prefix_padding_ms=turns.prefix_padding_ms,
+                silence_duration_ms=turns.silence_duration_ms,
+                speculate_after_ms=(
+                    self._speculate_after(turns.silence_duration_ms)
+                    if self._options.speculate
+                    else 0
+                ),
+            )
+            if self._new_detector is not None:
+                return self._new_detector(options)
+            return VoiceActivityDetector(options, sample_rate=SAMPLE_RATE)
+        except ImportError as exc:
+            raise RealtimeError(
+                f"audio: server VAD needs the voice extra (pip install 'omni-trio[voice]'): "
+                f"{exc}; or turn it off (turn_detection null) and commit turns yourself",
+                event_id=event_id,
+                param="audio",
+                type="server_error",
+                code="vad_unavailable",
+            ) from None
+
+    def _speculate_after(self, silence_ms: int) -> int:
+        wanted = self._options.speculate_after_ms
+        return wanted if wanted < silence_ms else silence_ms // 2
+
+    def _on_vad(self, happened: VadEvent) -> None:
+        from ..speech import SilenceStarted, SpeechResumed, SpeechStarted, SpeechStopped
+
+        turns = self._turns
+        assert turns is not None
+        offset = self._vad_offset
+        if isinstance(happened, SpeechStarted):
+            start = max(
+                self._buffer.start_ms, offset + happened.audio_start_ms - turns.prefix_padding_ms
+            )
+            self._turn = Item(self._conversation.new_id(), "user")
+            self._turn_start = start
+            self._trace("speech_started", self._turn.id)
+            if turns.interrupt_response and self.response is not None:
+                self._cancel(self.response, "turn_detected")
+            self._put(
+                "input_audio_buffer.speech_started",
+                audio_start_ms=start,
+                item_id=self._turn.id,
+            )
+        elif isinstance(happened, SilenceStarted):
+            if self._turn is not None:
+                self._trace("silence_started", self._turn.id)
+            if self._turn is not None and turns.create_response and self._options.speculate:
+                audio = self._buffer.between(self._turn_start, offset + happened.audio_ms)
+                self._turn.audio = audio
+                self._speculation = self._start(self._turn, self._modality, held=True)
+        elif isinstance(happened, SpeechResumed):
+            self._drop_speculation()
+        elif isinstance(happened, SpeechStopped) and self._turn is not None:
+            end = offset + happened.audio_end_ms
+            turn, self._turn = self._turn, None
+            self._trace("speech_stopped", turn.id)
+            self._put("input_audio_buffer.speech_stopped", audio_end_ms=end, item_id=turn.id)
+            turn.audio = self._buffer.between(self._turn_start, end)
+            self._buffer.drop_before(end)
+            self._committed(turn)
+            speculation, self._speculation = self._speculation, None
+            if not turns.create_response:
+                return
+            if speculation is not None and not speculation.cancelled:
+                self._promote(speculation)
+            else:
+                self.response = self._start(turn, self._modality)
+
+    def _forget_turn(self) -> None:
+        self._drop_speculation()
+        self._turn = None
+
+    def _drop_speculation(self) -> None:
+        speculation, self._speculation = self._speculation, None
+        if speculation is not None:
+            self._cancel(speculation, "turn_detected", silent=True)
+
+    def _committed(self, turn: Item) -> None:
+        for item in self._conversation.items:  # only the newest turn keeps its audio
+            item.audio = None
+        turn.spoken = True
+        previous = self._previous_id()
+        self._conversation.add(turn)
+        self._put("input_audio_buffer.committed", item_id=turn.id, previous_item_id=previous)
+        self._put(
+            "conversation.item.added", previous_item_id=previous, item=turn.view("in_progress")
+        )
+
+    def _commit(self, event_id: str | None) -> None:
+        self._hearing(event_id, "type")
+        if self._buffer.end_ms - self._buffer.start_ms < _MIN_COMMIT_MS:
+            raise RealtimeError(
+                f"the input audio buffer holds {self._buffer.end_ms - self._buffer.start_ms} ms "
+                f"of audio: a commit needs at least {_MIN_COMMIT_MS} ms",
+                event_id=event_id,
+                code="input_audio_buffer_commit_empty",
+            )
+        turn = self._turn or Item(self._conversation.new_id(), "user")
+        self._forget_turn()
+        if self._vad is not None:
+            self._vad.reset()
+        turn.audio = self._buffer.take()
+        self._committed(turn)
+
+    def _clear(self) -> None:
+        self._forget_turn()
+        if self._vad is not None:
+            self._vad.reset()
+        self._buffer.clear()
+        self._put("input_audio_buffer.cleared")
+
+    def _create_item(self, event: ConversationItemCreate) -> None:
+        text = event.text()
+        item = event.item
+        new = Item(item.id or self._conversation.new_id(), "user", text)
+        if item.role == "assistant":
+            new.role = "assistant"
+        previous = self._previous_id()
+        self._conversation.add(new)
+        self._put("conversation.item.added", previous_item_id=previous, item=new.view())
+        self._put("conversation.item.done", previous_item_id=previous, item=new.view())
+
+    def _create_response(self, event: ResponseCreate) -> None:
+        if self.response is not None:
+            raise RealtimeError(
+                f"a response is in progress ({self.response.events.id}): cancel it first, "
+                "or wait for its response.done",
+                event_id=event.event_id,
+                code="conversation_already_has_active_response",
+            )
+        turn = self._conversation.last_user()
+        if turn is None:
+            raise RealtimeError(
+                "there is nothing to respond to: commit audio or create a user message first",
+                event_id=event.event_id,
+                code="conversation_empty",
+            )
+        modality = self._modality
+        params = event.response
+        if params is not None and params.output_modalities:
+            (modality,) = params.output_modalities[:1]
+            if modality not in self._model.modalities:
+                raise RealtimeError(
+                    f"response.output_modalities: model {self._model.name!r} has no "
+                    f"{modality} output",
+                    event_id=event.event_id,
+                    param="response.output_modalities",
+                )
+        self.response = self._start(turn, modality)
+
+    def _cancel_response(self, event: ResponseCancel) -> None:
+        response = self.response
+        if response is None:
+            raise RealtimeError(
+                "there is no response to cancel",
+                event_id=event.event_id,
+                code="response_cancel_not_active",
+            )
+        if event.response_id is not None and event.response_id != response.events.id:
+            raise RealtimeError(
+                f"response_id: {event.response_id!r} is not the response in progress "
+                f"({response.events.id})",
+                event_id=event.event_id,
+                param="response_id",
+                code="response_cancel_not_active",
+            )
+        self._cancel(response, "client_cancelled")
+
+    # -- responses ----------------------------------------------------------------------
+
+    def _start(
+        self, turn: Item, modality: Literal["audio", "text"], held: bool = False
+    ) -> Response:
+        model = self._model
+        self._ids += 1
+        answer = Item(self._conversation.new_id(), "assistant", "")
+        outputs = {o.stage_id: o for o in model.outputs if o.modality in (modality, "transcript")}
+        if modality == "audio":  # the answer's transcript, too
+            outputs |= {o.stage_id: o for o in model.outputs if o.modality == "text"}
+        heard = turn if turn.audio is not None else None
+        events = ResponseEvents(
+            self._events,
+            f"resp_{self.id[5:13]}_{self._ids}",
+            answer,
+            heard,
+            outputs,
+            modality,
+            _resampler(model.outputs) if modality == "audio" else _unchanged,
+        )
+        response = Response(events, turn, held=held)
+        self.responses.add(response)
+        self._trace("response_started", response.events.id)
+        if not held:
+            self._announce(response)
+        self._commands.append(Start(response, self._prompt(turn)))
+        return response
+
+    def _prompt(self, turn: Item) -> Any:
+        context = self._conversation.context(turn)
+        if turn.audio is not None:
+            return {"audio": turn.audio, "sample_rate": SAMPLE_RATE, "context": context}
+        if self._model.hearing is not None:
+            return {"text": turn.text or "", "context": context}
+        return turn.text or ""
+
+    def _promote(self, response: Response) -> None:
+        """The turn is over: the speculation becomes the response, and what it held
+        goes out after the turn's commit."""
+        self.response = response
+        response.held = False
+        self._announce(response)
+        backlog, response.backlog = response.backlog, []
+        self._commands += [Send(out, response) for out in backlog]
+        self._commands += [Send(Out(text)) for text in response.done]  # it ended while held
+        if response.ended:
+            self._finished(response)
+
+    def _announce(self, response: Response) -> None:
+        """``response.created``: its answer joins the conversation."""
+        previous = self._previous_id()
+        self._conversation.add(response.events.answer)
+        self._commands += [Send(Out(text), response) for text in response.events.created(previous)]
+
+    def _previous_id(self) -> str | None:
+        items = self._conversation.items
+        return items[-1].id if items else None
+
+    def _cancel(self, response: Response, reason: str, *, silent: bool = False) -> None:
+        if response.cancelled is None:
+            response.cancelled = reason
+            response.silent = silent or response.held
+            self._trace("response_cancelled", response.events.id)
+        self._commands.append(Cancel(response))
+        if self.response is response:
+            self.response = None
+
+    def _finished(self, response: Response) -> None:
+        self.responses.discard(response)
+        if self.response is response:
+            self.response = None
+
+
+def failed(message: str) -> dict[str, Any]:
+    """A failed response's ``status_details``."""
+    return {"type": "failed", "error": {"type": "server_error", "message": message}}
+
+
+def status_of(terminal: OrchOutput | None) -> tuple[Status, dict[str, Any] | None]:
+    """A response's status and details from its request's terminal (``None``: the
+    request was not admitted)."""
+    if terminal is None:
+        return "failed", failed("the request was not admitted")
+    if terminal.finish_reason == "completed":
+        return "completed", None
+    if terminal.finish_reason == "error":
+        return "failed", failed(terminal.error or "the request failed")
+    return "incomplete", {"type": "incomplete", "reason": "aborted"}
+
+
+def _unchanged(pcm: bytes) -> bytes:
+    return pcm
+
+
+def _resampler(outputs: tuple[FinalOutput, ...]) -> Callable[[bytes], bytes]:
+    """24 kHz from the audio stage's rate, carried chunk to chunk (one per response)."""
+    rate = next((o.sample_rate for o in outputs if o.modality == "audio"), SAMPLE_RATE)
+    if rate == SAMPLE_RATE:
+        return _unchanged
+    from ..speech import Resampler
+
+    return Resampler(rate, SAMPLE_RATE).feed
