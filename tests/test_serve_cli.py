@@ -24,6 +24,8 @@ import openai
 import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
 
 from omni_trio.demo.engines import response_tokens
 from test_signals import _default_sigint, _env, _group, _segments
@@ -32,6 +34,8 @@ MODEL = "simulated-qwen-omni"
 DEMO_TOML = (files("omni_trio") / "pipelines" / "demo.toml").read_text()
 THINKER_ARGS = "engine_args = { tokens_per_second = 50, max_tokens = 40 }"
 CONNECTOR = 'connector = "shm"'
+#: The demo's stages, as the server's first line names them (the speech pipeline's too).
+DEMO_CHAIN = "thinker -> talker -> code2wav"
 FRAMES_PER_CODE = 960  # a 40 ms tone at 24 kHz (demo.engines.FRAME_SECONDS)
 CODES_PER_TOKEN = 4  # the demo talker's codes_per_token
 
@@ -65,8 +69,9 @@ def pipeline(
 class Server:
     """``omni-trio serve`` in its own process group, its output collected as it comes."""
 
-    def __init__(self, process: trio.Process) -> None:
+    def __init__(self, process: trio.Process, chain: str) -> None:
         self.process = process
+        self.chain = chain
         self.out = bytearray()
         self.err = bytearray()
         self.url = ""
@@ -87,7 +92,7 @@ class Server:
             with trio.move_on_after(0.1):
                 await self._more.wait()
         line = self.out.decode().splitlines()[0]
-        assert " (thinker -> talker -> code2wav, " in line
+        assert f" ({self.chain}, " in line, line
         self.model = line.removeprefix("omni-trio serve: ").split(" (")[0]
         self.url = line.rsplit(" on ", 1)[1]
         assert self.url.startswith("http://127.0.0.1:")
@@ -121,9 +126,9 @@ class Server:
 
 
 @asynccontextmanager
-async def serving(tmp_path: Path, *argv: str) -> AsyncIterator[Server]:
-    """``omni-trio serve ARGV --port 0``, started (its URL known); killed with its group
-    if the test left it running."""
+async def serving(tmp_path: Path, *argv: str, chain: str = DEMO_CHAIN) -> AsyncIterator[Server]:
+    """``omni-trio serve ARGV --port 0``, started (its URL known, its first line naming
+    the stages ``chain``); killed with its group if the test left it running."""
     command = [sys.executable, "-m", "omni_trio", "serve", *argv, "--port", "0"]
     process = await trio.lowlevel.open_process(
         command,
@@ -134,7 +139,7 @@ async def serving(tmp_path: Path, *argv: str) -> AsyncIterator[Server]:
         env=_env(),
         cwd=tmp_path,
     )
-    server = Server(process)
+    server = Server(process, chain)
     assert process.stdout is not None
     assert process.stderr is not None
     try:
@@ -336,6 +341,122 @@ def test_max_request_bytes_must_be_positive():
     )
     assert done.returncode == 2
     assert done.stderr == "omni-trio serve: --max-request-bytes must be a positive integer, got 0\n"
+
+
+BAD_REALTIME_FLAGS = [
+    ("--realtime-max-sessions", "0", "a positive integer"),
+    ("--realtime-max-buffer-seconds", "0", "a positive number"),
+    ("--realtime-max-event-bytes", "-1", "a positive integer"),
+    ("--realtime-idle-timeout", "nan", "a positive number"),
+]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "rule"), BAD_REALTIME_FLAGS, ids=[f[0] for f in BAD_REALTIME_FLAGS]
+)
+def test_a_bad_realtime_limit_is_a_usage_error_naming_its_flag(flag, value, rule):
+    done = subprocess.run(
+        [sys.executable, "-m", "omni_trio", "serve", flag, value],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=30,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == f"omni-trio serve: {flag} must be {rule}, got {value}\n"
+
+
+def test_the_realtime_flags_are_parsed_and_default_to_the_servers():
+    """The command's ``--realtime-*`` defaults are :class:`RealtimeOptions`' own (the
+    command names them without importing the serve extra), and each flag lands in
+    the argument the server's options are made from (``cli/serve.py``'s
+    ``_serve_main``; what the running server enforces is the next test's)."""
+    from omni_trio.cli import _parse
+    from omni_trio.serve import RealtimeOptions
+
+    def realtime(args: Any) -> tuple[object, ...]:
+        return (
+            args.realtime_max_sessions,
+            args.realtime_max_buffer_seconds,
+            args.realtime_max_event_bytes,
+            args.realtime_idle_timeout,
+            args.realtime_speculate,
+        )
+
+    defaults = RealtimeOptions()
+    assert realtime(_parse(["serve", "demo", "--port", "0"])) == (
+        defaults.max_sessions,
+        defaults.max_buffer_seconds,
+        defaults.max_event_bytes,
+        defaults.idle_timeout,
+        defaults.speculate,
+    )
+    flags = ["--realtime-max-sessions", "3", "--realtime-max-buffer-seconds", "2.5"]
+    flags += ["--realtime-max-event-bytes", "5000", "--realtime-idle-timeout", "7"]
+    args = _parse(["serve", "demo", "--port", "0", *flags, "--no-realtime-speculation"])
+    assert realtime(args) == (3, 2.5, 5000, 7.0, False)
+
+
+def realtime_url(server: Server) -> str:
+    return server.url.replace("http://", "ws://") + f"/v1/realtime?model={server.model}"
+
+
+def ws_event(ws: Any, type: str | None = None, timeout: float = 10) -> dict[str, Any]:
+    """The session's next event (of ``type``: the next one of that type)."""
+    while True:
+        event = json.loads(ws.recv(timeout=timeout))
+        if type is None or event["type"] == type:
+            return event
+
+
+def ws_send(ws: Any, type: str, **fields: Any) -> None:
+    ws.send(json.dumps({"type": type, **fields}))
+
+
+async def test_the_realtime_flags_bound_the_servers_sessions(tmp_path):
+    """``--realtime-max-sessions 1``: a second session is refused at the upgrade (503);
+    ``--realtime-max-event-bytes``: a larger event gets an ``error`` naming the flag
+    and its value; ``--realtime-idle-timeout``: an idle session is told, then closed.
+    (``--realtime-max-buffer-seconds`` needs a pipeline that listens: the voice
+    extra's, see tests/test_voice.py; ``--no-realtime-speculation``, its detector:
+    the previous test sees it parsed.)"""
+    flags = ["--realtime-max-sessions", "1", "--realtime-max-event-bytes", "40000"]
+    flags += ["--realtime-idle-timeout", "2"]
+
+    def script(url: str) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        with connect(url, max_size=None) as ws:
+            seen["created"] = ws_event(ws)
+            with pytest.raises(InvalidStatus) as refused:
+                connect(url, open_timeout=10)
+            seen["refused"] = refused.value.response
+            session = {"type": "realtime", "instructions": "x" * 40_000}
+            ws_send(ws, "session.update", session=session, event_id="large")
+            seen["large"] = ws_event(ws, "error")["error"]
+            sent = time.monotonic()
+            seen["idle"] = ws_event(ws, "error", timeout=20)["error"]
+            seen["idle_after"] = time.monotonic() - sent
+            with pytest.raises(ConnectionClosed):
+                ws.recv(timeout=10)
+        return seen
+
+    async with serving(tmp_path, "demo", *flags) as server:
+        seen = await trio.to_thread.run_sync(script, realtime_url(server))
+        server.signal(signal.SIGTERM)
+        assert await server.exit_status() == 0, server.text()
+    assert seen["created"]["type"] == "session.created"
+    refused = seen["refused"]
+    assert refused.status_code == 503
+    assert "--realtime-max-sessions 1" in json.loads(refused.body)["error"]["message"]
+    large = seen["large"]
+    assert (large["code"], large["event_id"]) == ("event_too_large", "large")
+    assert "--realtime-max-event-bytes (40000)" in large["message"]
+    idle = seen["idle"]
+    assert idle["code"] == "session_idle_timeout"
+    assert "2 s" in idle["message"]
+    assert "--realtime-idle-timeout" in idle["message"]
+    assert 1.5 < seen["idle_after"] < 10
 
 
 async def test_with_no_config_it_serves_the_demo(tmp_path):

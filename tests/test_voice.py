@@ -1,7 +1,8 @@
 """The voice pipeline behind ``/v1/realtime``, driven by the ``openai`` package's own
 Realtime client: a spoken question streamed at real-time pace is heard, quoted and
 answered aloud; barge-in, ``response.cancel`` and a closed socket abort the answer
-at every stage; sessions stay apart; ``input_audio`` in chat completions is heard.
+at every stage; sessions stay apart; ``input_audio`` in chat completions is heard;
+``omni-trio serve voice`` answers a session.
 
 Real parts throughout: eSpeak NG speaks the questions, server VAD finds the turns,
 Whisper tiny.en (faster-whisper) hears them in the listen stage's worker process, and
@@ -13,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,10 +29,12 @@ from voice_helpers import need_voice, recall, spoken
 need_voice()
 
 import openai  # noqa: E402
+from websockets.sync.client import connect  # noqa: E402
 
 from omni_trio import open_pipeline  # noqa: E402
 from omni_trio.bench._voice import SESSION, voice_config  # noqa: E402
 from omni_trio.serve import RealtimeOptions, ServedModel, create_app, serve  # noqa: E402
+from test_serve_cli import realtime_url, serving, ws_event, ws_send  # noqa: E402
 
 QUESTION = "What is the capital city of France?"
 #: Questions Whisper tiny.en hears well in eSpeak NG's voice (checked one by one).
@@ -190,8 +195,34 @@ def first_delta(e: dict[str, Any]) -> bool:
     return e["type"] == "response.output_audio.delta"
 
 
-async def aborted_everywhere(pipeline: Any) -> None:
-    """Every stage's worker has let go of every request (the abort reached them)."""
+def record_calls(pipeline: Any, method: str) -> list[list[str]]:
+    """Spy on every stage's ``method`` (``"submit"`` or ``"abort"``, as the
+    orchestrator calls them: ``stage.<method>(request_id, ...)``): per stage, in stage
+    order, the request ids it was called with. Each call still reaches the stage."""
+    calls: list[list[str]] = []
+    for stage in pipeline.stages:
+        ids: list[str] = []
+        setattr(stage, method, _spy(getattr(stage, method), ids))
+        calls.append(ids)
+    return calls
+
+
+def _spy(real: Callable[..., Awaitable[None]], ids: list[str]) -> Callable[..., Awaitable[None]]:
+    async def spy(request_id: str, *args: Any) -> None:
+        ids.append(request_id)
+        await real(request_id, *args)
+
+    return spy
+
+
+async def aborted_everywhere(pipeline: Any, aborts: list[list[str]], request_id: str) -> None:
+    """The orchestrator told every stage to abort ``request_id`` (``aborts``: from
+    :func:`record_calls`), and every stage's worker has let go of every request."""
+    with trio.move_on_after(10):  # a closed socket's aborts go out as the server sees it
+        while not all(request_id in ids for ids in aborts):  # noqa: ASYNC110 - polled
+            await trio.sleep(0.02)
+    told = [request_id in ids for ids in aborts]
+    assert told == [True] * len(pipeline.stages), (request_id, aborts)
     with trio.fail_after(10):
         while True:
             for stage in pipeline.stages:
@@ -207,6 +238,9 @@ async def test_an_interrupted_answer_is_cancelled_at_every_stage(how: str) -> No
     interruption = spoken("Stop. What time is it?", RATE)
     # a slow thinker: the answer is still streaming when the interruption comes
     async with voice_server(voice_config(tokens_per_second=8)) as (url, pipeline):
+        submits = record_calls(pipeline, "submit")
+        aborts = record_calls(pipeline, "abort")
+        answers: list[str] = []  # the request of each answer that streamed audio
 
         async def converse() -> Events:
             events = Events()
@@ -217,6 +251,8 @@ async def test_an_interrupted_answer_is_cancelled_at_every_stage(how: str) -> No
                 await conn.session.update(session=SESSION)
                 await paced(conn, silence(0.3) + question + silence(0.7))
                 await asyncio.wait_for(events.read(conn, first_delta), 30)
+                # No speech since the answer's turn: the last request submitted is its.
+                answers.append(submits[0][-1])
                 if how == "socket closed":
                     return events
                 if how == "response.cancel":
@@ -241,12 +277,17 @@ async def test_an_interrupted_answer_is_cancelled_at_every_stage(how: str) -> No
                 await asyncio.wait_for(
                     events.read(conn, lambda e: e["type"] == "response.done"), 30
                 )
+                answers.append(submits[0][-1])  # the second answer's (no speech since)
             return events
 
         events = await in_asyncio(converse)
-        await aborted_everywhere(pipeline)
+        await aborted_everywhere(pipeline, aborts, answers[0])
+        if how != "socket closed":  # the check's control: the answer that completed
+            completed = answers[1]  # was let go of, not aborted, at every stage
+            assert completed != answers[0]
+            assert not any(completed in ids for ids in aborts), (completed, aborts)
     if how == "socket closed":
-        return  # the server saw the socket close: every stage let go (above)
+        return  # the server saw the socket close: every stage was told to abort (above)
     first, second = events.done()
     assert first["status"] == "cancelled"
     assert second["status"] == "completed"
@@ -325,3 +366,50 @@ async def test_chat_completions_hear_input_audio_through_the_openai_client() -> 
     heard = text.removeprefix("You said: ")
     assert heard != text
     assert recall(QUESTION, heard[: len(heard) - len(text.split(".", 1)[-1])]) >= 0.6, text
+
+
+async def test_omni_trio_serve_voice_answers_a_realtime_session(tmp_path: Path) -> None:
+    """``omni-trio serve voice`` as a user starts it (tests/test_serve_cli.py's
+    ``serving``): a session is created, a typed turn is answered in words and audio,
+    and ``--realtime-max-buffer-seconds`` bounds the input audio buffer (only a
+    pipeline that listens takes audio); SIGTERM then stops it cleanly."""
+    chain = "listen -> thinker -> talker -> code2wav"
+    flags = ["--realtime-max-buffer-seconds", "1"]
+    question = "What time is it?"
+
+    def session(url: str) -> list[dict[str, Any]]:
+        with connect(url, max_size=None) as ws:
+            events = [ws_event(ws)]
+            manual = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+            ws_send(ws, "session.update", session=manual)
+            content = [{"type": "input_text", "text": question}]
+            item = {"type": "message", "role": "user", "content": content}
+            ws_send(ws, "conversation.item.create", item=item)
+            ws_send(ws, "response.create")
+            while events[-1]["type"] != "response.done":
+                events.append(ws_event(ws, timeout=60))
+            audio = base64.b64encode(silence(0.6)).decode()
+            ws_send(ws, "input_audio_buffer.append", audio=audio, event_id="fits")
+            ws_send(ws, "input_audio_buffer.append", audio=audio, event_id="full")
+            events.append(ws_event(ws, "error"))
+        return events
+
+    async with serving(tmp_path, "voice", *flags, chain=chain) as server:
+        assert server.model == "voice-omni"
+        events = await trio.to_thread.run_sync(session, realtime_url(server))
+        server.signal(signal.SIGTERM)
+        assert await server.exit_status() == 0, server.text()
+    assert server.err.decode() == ""
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "session.created"
+    done = next(e["response"] for e in events if e["type"] == "response.done")
+    assert done["status"] == "completed", done
+    text = "".join(
+        e["delta"] for e in events if e["type"] == "response.output_audio_transcript.delta"
+    )
+    assert answer_after_quote(text, question)
+    assert "response.output_audio.delta" in kinds
+    full = events[-1]["error"]
+    assert (full["code"], full["event_id"]) == ("input_audio_buffer_full", "full")
+    assert "1 s" in full["message"]
+    assert "--realtime-max-buffer-seconds" in full["message"]
