@@ -12,6 +12,7 @@ import io
 import json
 import wave
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -298,14 +299,17 @@ async def test_a_wrong_model_is_refused_and_closed() -> None:
 async def test_a_session_over_the_limit_is_refused_at_the_upgrade() -> None:
     async with realtime_server(options=RealtimeOptions(max_sessions=1)) as server:
 
-        def script() -> int:
+        def script() -> Any:
             with connect(server.ws_url()) as first:
                 first.recv(timeout=5)
                 with pytest.raises(InvalidStatus) as refused:
                     connect(server.ws_url())
-                return refused.value.response.status_code
+                return refused.value.response
 
-        assert await trio.to_thread.run_sync(script) == 503
+        refused = await trio.to_thread.run_sync(script)
+    assert refused.status_code == 503
+    message = json.loads(refused.body)["error"]["message"]
+    assert "1 realtime session (--realtime-max-sessions 1)" in message
 
 
 async def test_an_idle_session_is_told_and_closed() -> None:

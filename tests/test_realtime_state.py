@@ -356,3 +356,13 @@ def test_the_state_module_needs_no_event_loop():
         "sorted({'trio', 'asyncio', 'anyio'} & set(sys.modules))"
     )
     subprocess.run([sys.executable, "-c", probe], check=True, timeout=60)
+
+
+def test_turn_detection_starts_as_server_vad_for_a_model_that_hears_only():
+    text_only = ServedModel("omni-text", (FinalOutput(0, "text", "thinker"),))
+    for model, expected in [(MODEL, "server_vad"), (text_only, None)]:
+        state = SessionState("sess_0123456789abcdef", model, RealtimeOptions())
+        state.created()
+        (created,) = state.commands()
+        detection = json.loads(created.out.text)["session"]["audio"]["input"]["turn_detection"]
+        assert (detection and detection["type"]) == expected

@@ -128,7 +128,7 @@ class RealtimeEndpoint:
             refusal = "the server is not taking sessions (starting or shutting down)"
         elif len(self.sessions) >= self.options.max_sessions:
             refusal = (
-                f"the server is at capacity: {len(self.sessions)} realtime sessions "
+                f"the server is at capacity: {_sessions(len(self.sessions))} "
                 f"(--realtime-max-sessions {self.options.max_sessions})"
             )
         if refusal is not None:
@@ -156,6 +156,10 @@ class RealtimeEndpoint:
         """End every session (the server stops): each is told, then closed."""
         for session in self.sessions:
             session.stop("the server is shutting down")
+
+
+def _sessions(count: int) -> str:
+    return f"{count} realtime session{'' if count == 1 else 's'}"
 
 
 async def _deny(scope: Scope, send: Send, status: int, message: str) -> None:

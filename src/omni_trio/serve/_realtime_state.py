@@ -175,7 +175,8 @@ class SessionState:
         self._modality: Literal["audio", "text"] = (
             "audio" if "audio" in model.modalities else "text"
         )
-        self._turns: _Turns | None = _Turns()
+        # server VAD by default, as OpenAI's; manual turns for a model that cannot hear
+        self._turns: _Turns | None = None if model.hearing is None else _Turns()
         self._vad: Detector | None = None  # made at the first append
         self._vad_offset = 0  # the session's audio clock when the detector started
         self._turn: Item | None = None  # the user turn being spoken (server VAD)
