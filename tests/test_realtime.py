@@ -97,8 +97,11 @@ async def test_text_modality_gets_text_events_only() -> None:
 
         events = await talk(server.ws_url(), script)
     kinds = {e["type"] for e in events}
-    assert "response.output_text.delta" in kinds
-    assert not kinds & set(DELTAS)
+    assert {"response.output_text.delta", "response.output_text.done"} <= kinds
+    assert not kinds & {*DELTAS, "response.output_audio.done"}
+    (done,) = [e for e in events if e["type"] == "response.output_text.done"]
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert done["text"] == text == "".join(answer_words("plain"))
     assert server.script.prompts  # the request was made
 
 
