@@ -366,3 +366,17 @@ def test_turn_detection_starts_as_server_vad_for_a_model_that_hears_only():
         (created,) = state.commands()
         detection = json.loads(created.out.text)["session"]["audio"]["input"]["turn_detection"]
         assert (detection and detection["type"]) == expected
+
+
+def test_a_speculation_that_ended_held_is_forgotten_when_speech_resumes():
+    """Its request is over (nothing to cancel), its end was never told: it goes
+    unseen, and the session holds nothing of it (an idle session can time out)."""
+    h = Harness()
+    h.append()
+    h.append(SpeechStarted(100))
+    speculation = started(h.append(SilenceStarted(200)))
+    assert ended(h.state, speculation) == []
+    assert h.state.responses == {speculation}
+    assert kinds(h.append(SpeechResumed(300))) == []
+    assert speculation.silent
+    assert not h.state.responses

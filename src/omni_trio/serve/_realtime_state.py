@@ -586,7 +586,10 @@ class SessionState:
             response.cancelled = reason
             response.silent = silent or response.held
             self._trace("response_cancelled", response.events.id)
-        self._commands.append(Cancel(response))
+        if not response.ended:
+            self._commands.append(Cancel(response))
+        elif response.silent:  # a speculation that ended held: forgotten unseen
+            self.responses.discard(response)
         if self.response is response:
             self.response = None
 
