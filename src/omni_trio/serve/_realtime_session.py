@@ -21,9 +21,12 @@ from ._realtime_state import Cancel, Response, SessionState, Start, failed, stat
 from ._realtime_state import Send as SendEvent
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from ._chat import Receive, Send
     from ._realtime import RealtimeOptions
     from ._realtime_conversation import Out, Status
+    from ._realtime_protocol import ClientEvent
     from ._state import ServerState
 
 __all__ = ["Session"]
@@ -175,7 +178,7 @@ class Session:
                 self._state.error(error)
             self._apply()
 
-    def _decode(self, message: dict[str, Any] | Any) -> Any:
+    def _decode(self, message: Mapping[str, Any]) -> ClientEvent:
         text = message.get("text")
         if text is None:
             data = message.get("bytes") or b""
