@@ -183,6 +183,53 @@ class Client:
         return [e for e in self.events if e["type"] == type]
 
 
+class LoudnessDetector:
+    """A voice activity detector for tests (``RealtimeOptions.detector``): audio with
+    any sample not zero is speech, audio of zeros silence, and the turn's rules are
+    the session's settings -- so a test says exactly when a turn starts, pauses and
+    ends, without the voice extra's model."""
+
+    def __init__(self, options: Any) -> None:
+        self.options = options
+        self._ms = 0  # the audio's clock: it counts on through a reset
+        self.reset()
+
+    def reset(self) -> None:
+        self._speaking = False
+        self._silence_at: int | None = None
+        self._speculated = False
+
+    def feed(self, pcm: bytes) -> list[Any]:
+        from omni_trio.speech import SilenceStarted, SpeechResumed, SpeechStarted, SpeechStopped
+
+        start, self._ms = self._ms, self._ms + len(pcm) // 48
+        events: list[Any] = []
+        if any(pcm):
+            if not self._speaking:
+                self._speaking = True
+                events.append(SpeechStarted(start))
+            elif self._speculated:
+                events.append(SpeechResumed(start))
+            self._silence_at, self._speculated = None, False
+        elif self._speaking:
+            if self._silence_at is None:
+                self._silence_at = start
+            silent = self._ms - self._silence_at
+            after = self.options.speculate_after_ms
+            if after and not self._speculated and silent >= after:
+                self._speculated = True
+                events.append(SilenceStarted(self._silence_at))
+            if silent >= self.options.silence_duration_ms:
+                events.append(SpeechStopped(self._silence_at))
+                self.reset()
+        return events
+
+
+def loud(ms: int) -> bytes:
+    """``ms`` of "speech" for :class:`LoudnessDetector`."""
+    return b"\x01\x00" * (24 * ms)
+
+
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import time
 import wave
 from collections.abc import Callable
 from typing import Any
@@ -27,8 +28,10 @@ from realtime_helpers import (
     THINKER_BROKE,
     WORDS,
     Client,
+    LoudnessDetector,
     answer_words,
     b64,
+    loud,
     quiet,
     realtime_server,
     talk,
@@ -525,6 +528,94 @@ async def test_a_session_is_not_idle_while_its_answer_streams() -> None:
         kinds = await talk(server.ws_url(), script)
     assert kinds.count("error") == 1
     assert kinds.index("response.done") < kinds.index("error")
+
+
+# -- turns, with a detector that hears loudness (the voice extra's is below) ------------
+
+
+def heard_answer(events: list[dict]) -> tuple[str, str]:
+    """What the scripted listen stage heard, and the answer's text as streamed."""
+    (heard,) = [
+        e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"
+    ]
+    return heard["transcript"], "".join(e["delta"] for e in events if e["type"] == DELTAS[1])
+
+
+async def test_a_speculation_holds_at_most_the_outbox_bound_until_its_turn_ends() -> None:
+    options = RealtimeOptions(detector=LoudnessDetector, outbox_bytes=4096)
+    async with realtime_server(options=options, word_seconds=0.01) as server:
+        endpoint = server.app.state.omni_trio.realtime
+        held: list[int] = []
+
+        def holding() -> None:
+            (session,) = endpoint.sessions
+            (response,) = session._state.responses
+            assert response.held
+            held.append(response.held_bytes)
+
+        def script(client: Client) -> list[dict]:
+            client.append(loud(300) + quiet(200))  # 150 ms of silence: it speculates
+            time.sleep(0.5)  # its whole answer would come in 0.12 s
+            trio.from_thread.run_sync(holding)
+            client.append(quiet(400))  # 500 ms of silence: the turn is over
+            client.until("response.done")
+            return client.events
+
+        events = await talk(server.ws_url(), script)
+    # a word's two deltas are about 6.8 kB: it stopped at the bound, not at 80 kB
+    assert 4096 < held[0] < 4096 + 2 * 7000
+    kinds = [e["type"] for e in events]
+    assert kinds.index("input_audio_buffer.committed") < kinds.index("response.created")
+    heard, text = heard_answer(events)
+    assert text == "".join(answer_words(heard))  # all of it, once promoted
+    assert events[-1]["response"]["status"] == "completed"
+
+
+async def test_speech_resuming_cancels_a_speculation_unseen() -> None:
+    options = RealtimeOptions(detector=LoudnessDetector)
+    async with realtime_server(options=options, word_seconds=0.02) as server:
+
+        def script(client: Client) -> list[dict]:
+            client.append(loud(300) + quiet(200))  # a speculation starts ...
+            time.sleep(0.1)
+            client.append(loud(200) + quiet(600))  # ... speech resumes; then the turn ends
+            client.until("response.done")
+            return client.events
+
+        events = await talk(server.ws_url(), script)
+        with trio.fail_after(5):
+            await server.script.aborted.wait()
+    speculation, answer = server.script.prompts  # in order of submission
+    assert server.script.fully_aborted() == [speculation]
+    assert len(server.script.prompts[answer]["audio"]) == 48 * (300 + 200 + 200)
+    assert [e["type"] for e in events].count("response.created") == 1
+    assert events[-1]["response"]["status"] == "completed"
+
+
+async def test_speech_over_an_answer_cancels_it_and_nothing_of_it_follows() -> None:
+    options = RealtimeOptions(detector=LoudnessDetector)
+    async with realtime_server(options=options, word_seconds=0.05) as server:
+
+        def script(client: Client) -> list[dict]:
+            client.append(loud(300) + quiet(600))
+            client.until(DELTAS[0])
+            client.append(loud(200))  # the user talks over the answer
+            done = client.until("response.done")
+            assert done["response"]["status_details"]["reason"] == "turn_detected"
+            client.append(quiet(600))  # the new turn ends: it is answered
+            client.until("response.done")
+            return client.events
+
+        events = await talk(server.ws_url(), script)
+        with trio.fail_after(5):
+            await server.script.aborted.wait()
+    first, second = [e["response"] for e in events if e["type"] == "response.done"]
+    assert (first["status"], second["status"]) == ("cancelled", "completed")
+    starts = [i for i, e in enumerate(events) if e["type"] == "input_audio_buffer.speech_started"]
+    cut = starts[1]  # the speech over the answer
+    late = [e for e in events[cut:] if e.get("response_id") == first["id"] and e["type"] in DELTAS]
+    assert not late
+    assert len(server.script.fully_aborted()) == 1
 
 
 async def test_a_client_that_reads_nothing_is_not_read_from_past_the_bound() -> None:

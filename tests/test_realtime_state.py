@@ -61,12 +61,8 @@ class Harness:
 
     def __init__(self, **options: Any) -> None:
         self.detectors: list[ScriptedDetector] = []
-        self.state = SessionState(
-            "sess_0123456789abcdef",
-            MODEL,
-            RealtimeOptions(**options),
-            detector=self._detector,
-        )
+        options = RealtimeOptions(detector=self._detector, **options)
+        self.state = SessionState("sess_0123456789abcdef", MODEL, options)
         self.state.created()
         self.state.commands()
 
@@ -380,3 +376,18 @@ def test_a_speculation_that_ended_held_is_forgotten_when_speech_resumes():
     assert kinds(h.append(SpeechResumed(300))) == []
     assert speculation.silent
     assert not h.state.responses
+
+
+def test_a_speculation_holds_its_events_up_to_the_outbox_bound():
+    h = Harness(outbox_bytes=1000)
+    h.append()
+    h.append(SpeechStarted(100))
+    speculation = started(h.append(SilenceStarted(200)))
+    delta = Out(json.dumps({"type": "response.output_audio.delta", "delta": "x" * 400}))
+    h.state.outgoing(speculation, [delta, delta])
+    assert not h.state.holds_too_much(speculation)
+    h.state.outgoing(speculation, [delta])
+    assert h.state.holds_too_much(speculation)  # its request waits
+    h.append(SpeechStopped(200))  # the turn is over: what it held goes out
+    assert not h.state.holds_too_much(speculation)
+    assert speculation.held_bytes == 0

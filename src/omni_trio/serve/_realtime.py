@@ -38,7 +38,9 @@ from ._realtime_session import Session
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ..speech import VadOptions
     from ._chat import Receive, Scope, Send
+    from ._realtime_state import Detector
     from ._state import ServerState
 
 __all__ = ["RealtimeEndpoint", "RealtimeOptions"]
@@ -79,6 +81,19 @@ class RealtimeOptions:
           orchestrator, bounded by ``max_unread_bytes`` and ``consumer_idle_timeout``
           like any request's), and so does the reading of its client's events (what
           one event makes is queued at once: at most this plus one event's worth).
+          A speculation holds at most this much of its events, too, until its turn
+          ends.
+      detector: Makes each session's voice activity detector from its turn
+          detection's settings, as ``detector(vad_options)``: anything with
+          ``feed(pcm) -> events`` and ``reset()``, as
+          :class:`~omni_trio.speech.VoiceActivityDetector` has. ``None``: that
+          detector with Silero's model, at 24 kHz. WebRTC's model is cheaper and
+          weaker in noise (``docs/voice.md`` measures both)::
+
+              # every session's detector with WebRTC's model (docs/voice.md runs it)
+              RealtimeOptions(detector=lambda vad: VoiceActivityDetector(
+                  vad, sample_rate=24_000, model=WebRtcModel()))
+
       trace: Called as ``trace(session_id, what, ref)`` at each step of a turn and a
           response, the moment the session takes it: ``"speech_started"``,
           ``"silence_started"``, ``"speech_stopped"`` (``ref``: the turn's item id),
@@ -101,6 +116,7 @@ class RealtimeOptions:
         default=150, validator=_positive_int("speculate_after_ms")
     )
     outbox_bytes: int = attrs.field(default=1024 * 1024, validator=_positive_int("outbox_bytes"))
+    detector: Callable[[VadOptions], Detector] | None = None
     trace: Callable[[str, str, str], None] | None = None
 
 

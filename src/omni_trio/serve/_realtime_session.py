@@ -104,7 +104,7 @@ class Session:
         self._scopes: dict[Response, trio.CancelScope] = {}
         self._nursery: trio.Nursery | None = None
         self._reading = trio.CancelScope()
-        self._ended = trio.lowlevel.ParkingLot()  # a response ended
+        self._changed = trio.lowlevel.ParkingLot()  # the state took a step
         self._stopping: str | None = None
 
     @property
@@ -124,7 +124,7 @@ class Session:
             else:
                 assert isinstance(command, Cancel)
                 self._scopes[command.response].cancel()
-        self._ended.unpark_all()
+        self._changed.unpark_all()
 
     # -- the session's life ---------------------------------------------------------
 
@@ -218,7 +218,7 @@ class Session:
         then close (bounded)."""
         with trio.move_on_after(_LAST_WORDS, shield=True):
             while self._state.responses:
-                await self._ended.park()
+                await self._changed.park()
             self._state.error(error)
             self._apply()
             await self._outbox.wait_empty()
@@ -277,3 +277,5 @@ class Session:
     async def _emit(self, response: Response, outs: list[Out]) -> None:
         for out in self._state.outgoing(response, outs):
             await self._outbox.put(out, response)
+        while self._state.holds_too_much(response):
+            await self._changed.park()

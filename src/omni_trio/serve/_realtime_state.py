@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from .._messages import OrchOutput
-    from ..speech import VadEvent, VadOptions
+    from ..speech import VadEvent
     from ._model import FinalOutput, ServedModel
     from ._realtime import RealtimeOptions
     from ._realtime_protocol import ClientEvent, TurnDetection
@@ -63,7 +63,8 @@ class Response:
     """One response: its events, the user turn it answers, and where it stands.
 
     Attributes:
-      held: A speculation: its events wait (in ``backlog``) for its turn's commit.
+      held: A speculation: its events wait (in ``backlog``, of ``held_bytes``) for
+          its turn's commit.
       done: Its last events, if it ended while held.
       cancelled: Why it was cancelled (its ``status_details.reason``), if it was.
       silent: A speculation cancelled unseen: the client hears nothing of it.
@@ -74,6 +75,7 @@ class Response:
     turn: Item | None
     held: bool = False
     backlog: list[Out] = attrs.field(factory=list)
+    held_bytes: int = 0
     done: list[str] = attrs.field(factory=list)
     cancelled: str | None = None
     silent: bool = False
@@ -152,21 +154,13 @@ class SessionState:
       model: The served model: its name, its outputs, whether it listens.
       options: The endpoint's options (the buffer's limit, speculation, the trace
           hook).
-      detector: Makes the session's voice activity detector from its settings
-          (default: :class:`~omni_trio.speech.VoiceActivityDetector` at 24 kHz); it is
-          made at the first append with server VAD on.
+
+    The session's voice activity detector is made at the first append with server
+    VAD on, by ``options.detector``.
     """
 
-    def __init__(
-        self,
-        session_id: str,
-        model: ServedModel,
-        options: RealtimeOptions,
-        *,
-        detector: Callable[[VadOptions], Detector] | None = None,
-    ) -> None:
+    def __init__(self, session_id: str, model: ServedModel, options: RealtimeOptions) -> None:
         self.id = session_id
-        self._new_detector = detector
         self._model = model
         self._options = options
         self._events = ServerEvents(session_id[5:13] + "_")
@@ -244,8 +238,18 @@ class SessionState:
         (they wait for its turn's commit)."""
         if response.held:
             response.backlog += outs
+            response.held_bytes += sum(len(out.text) for out in outs)
             return []
         return outs
+
+    def holds_too_much(self, response: Response) -> bool:
+        """``response`` is held and holds more than ``outbox_bytes``: it must wait
+        (read no more of its request) until its turn ends or it is cancelled."""
+        return (
+            response.held
+            and response.cancelled is None
+            and response.held_bytes > self._options.outbox_bytes
+        )
 
     def ended(self, response: Response, status: Status, details: dict[str, Any] | None) -> Status:
         """``response``'s request is over, as ``status``: its last events follow (or
@@ -360,8 +364,8 @@ class SessionState:
                     else 0
                 ),
             )
-            if self._new_detector is not None:
-                return self._new_detector(options)
+            if self._options.detector is not None:
+                return self._options.detector(options)
             return VoiceActivityDetector(options, sample_rate=SAMPLE_RATE)
         except ImportError as exc:
             raise RealtimeError(
@@ -566,6 +570,7 @@ class SessionState:
         response.held = False
         self._announce(response)
         backlog, response.backlog = response.backlog, []
+        response.held_bytes = 0
         self._commands += [Send(out, response) for out in backlog]
         self._commands += [Send(Out(text)) for text in response.done]  # it ended while held
         if response.ended:
