@@ -230,6 +230,20 @@ def loud(ms: int) -> bytes:
     return b"\x01\x00" * (24 * ms)
 
 
+async def metric(server: RealtimeServer, name: str, **labels: str) -> float:
+    """A sample of the server's ``/metrics`` (0 if it has none with ``labels``)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"{server.url}/metrics")).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and labels.items() <= sample.labels.items():
+                return sample.value
+    return 0.0
+
+
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 

@@ -32,6 +32,7 @@ from realtime_helpers import (
     answer_words,
     b64,
     loud,
+    metric,
     quiet,
     realtime_server,
     talk,
@@ -296,6 +297,8 @@ async def test_a_wrong_model_is_refused_and_closed() -> None:
                 return event, ws.close_code
 
         event, code = await trio.to_thread.run_sync(script)
+        counted = await metric(server, "omni_trio:realtime_sessions_refused_total", reason="model")
+    assert counted == 1
     assert event["type"] == "error"
     assert event["error"]["param"] == "model"
     assert MODEL in event["error"]["message"]
@@ -304,15 +307,26 @@ async def test_a_wrong_model_is_refused_and_closed() -> None:
 
 async def test_a_session_over_the_limit_is_refused_at_the_upgrade() -> None:
     async with realtime_server(options=RealtimeOptions(max_sessions=1)) as server:
+        open_sessions: list[float] = []
 
         def script() -> Any:
             with connect(server.ws_url()) as first:
                 first.recv(timeout=5)
+                sessions = trio.from_thread.run(metric, server, "omni_trio:realtime_sessions")
+                open_sessions.append(sessions)
                 with pytest.raises(InvalidStatus) as refused:
                     connect(server.ws_url())
                 return refused.value.response
 
         refused = await trio.to_thread.run_sync(script)
+        assert open_sessions == [1]
+        counted = await metric(
+            server, "omni_trio:realtime_sessions_refused_total", reason="capacity"
+        )
+        with trio.fail_after(5):
+            while await metric(server, "omni_trio:realtime_sessions"):  # noqa: ASYNC110
+                await trio.sleep(0.01)  # (polled: the first session closed)
+    assert counted == 1
     assert refused.status_code == 503
     message = json.loads(refused.body)["error"]["message"]
     assert "1 realtime session (--realtime-max-sessions 1)" in message
@@ -585,8 +599,12 @@ async def test_speech_resuming_cancels_a_speculation_unseen() -> None:
         events = await talk(server.ws_url(), script)
         with trio.fail_after(5):
             await server.script.aborted.wait()
+        unseen = await metric(
+            server, "omni_trio:realtime_responses_total", status="unseen", reason="turn_detected"
+        )
     speculation, answer = server.script.prompts  # in order of submission
     assert server.script.fully_aborted() == [speculation]
+    assert unseen == 1
     assert len(server.script.prompts[answer]["audio"]) == 48 * (300 + 200 + 200)
     assert [e["type"] for e in events].count("response.created") == 1
     assert events[-1]["response"]["status"] == "completed"
@@ -609,6 +627,12 @@ async def test_speech_over_an_answer_cancels_it_and_nothing_of_it_follows() -> N
         events = await talk(server.ws_url(), script)
         with trio.fail_after(5):
             await server.script.aborted.wait()
+        responses = "omni_trio:realtime_responses_total"
+        counted = [
+            await metric(server, responses, status="cancelled", reason="turn_detected"),
+            await metric(server, responses, status="completed", reason=""),
+        ]
+    assert counted == [1, 1]
     first, second = [e["response"] for e in events if e["type"] == "response.done"]
     assert (first["status"], second["status"]) == ("cancelled", "completed")
     starts = [i for i, e in enumerate(events) if e["type"] == "input_audio_buffer.speech_started"]

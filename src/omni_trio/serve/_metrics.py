@@ -45,7 +45,10 @@ class ServerMetrics:
     ``omni_trio:time_to_first_audio_seconds``, ``omni_trio:e2e_request_latency_seconds``;
     counters ``omni_trio:requests_finished_total{finish_reason}`` and
     ``omni_trio:stage_outputs_total{stage}``; gauges ``omni_trio:num_requests_running``
-    and ``omni_trio:num_requests_waiting``; and, read from the orchestrator's
+    and ``omni_trio:num_requests_waiting``; for ``/v1/realtime``, the gauge
+    ``omni_trio:realtime_sessions`` and the counters
+    ``omni_trio:realtime_sessions_refused_total{reason}`` and
+    ``omni_trio:realtime_responses_total{status,reason}``; and, read from the orchestrator's
     statistics at each scrape, ``omni_trio:stage_alive{stage}`` and
     ``omni_trio:dropped_outputs_total``. Every one has the label ``model_name``.
 
@@ -116,12 +119,42 @@ class ServerMetrics:
             registry=self.registry,
         )
         self.stage_outputs = {o.stage_id: outputs.labels(name, o.label) for o in model.outputs}
+        self.realtime_sessions = Gauge(
+            "omni_trio:realtime_sessions",
+            "Realtime sessions open (/v1/realtime).",
+            labels,
+            registry=self.registry,
+        ).labels(name)
+        refused = Counter(
+            "omni_trio:realtime_sessions_refused",
+            "Realtime sessions refused, by why (capacity: --realtime-max-sessions; "
+            "unavailable: starting or draining; model: a wrong ?model=).",
+            [*labels, "reason"],
+            registry=self.registry,
+        )
+        self.realtime_refused = {
+            reason: refused.labels(name, reason) for reason in ("capacity", "unavailable", "model")
+        }
+        self._realtime_responses = Counter(
+            "omni_trio:realtime_responses",
+            "Realtime responses ended, by status (completed, cancelled, failed, "
+            "incomplete; unseen: a speculation dropped before the client heard of it) "
+            "and, for a cancelled one, why (turn_detected: barge-in; client_cancelled; "
+            "client_disconnected; server_shutting_down).",
+            [*labels, "status", "reason"],
+            registry=self.registry,
+        )
+        self._name = name
         self._statistics = _StatisticsCollector(name)
         self._statistics.server = server
         self.registry.register(self._statistics)
 
     def finished(self, reason: str) -> None:
         self._finished[reason].inc()
+
+    def realtime_response(self, status: str, reason: str | None) -> None:
+        """A realtime response ended as ``status`` (cancelled: for ``reason``)."""
+        self._realtime_responses.labels(self._name, status, reason or "").inc()
 
     def watch(
         self,

@@ -139,16 +139,11 @@ class RealtimeEndpoint:
         if message["type"] != "websocket.connect":
             return
         server = self._server
-        refusal = None
-        if server.draining or server.orchestrator is None:
-            refusal = "the server is not taking sessions (starting or shutting down)"
-        elif len(self.sessions) >= self.options.max_sessions:
-            refusal = (
-                f"the server is at capacity: {_sessions(len(self.sessions))} "
-                f"(--realtime-max-sessions {self.options.max_sessions})"
-            )
+        refusal = self._refusal()
         if refusal is not None:
-            await _deny(scope, send, 503, refusal)
+            why, text = refusal
+            server.metrics.realtime_refused[why].inc()
+            await _deny(scope, send, 503, text)
             return
         await send({"type": "websocket.accept"})
         session = Session(server, self.options, send)
@@ -160,13 +155,28 @@ class RealtimeEndpoint:
                 param="model",
                 code="model_not_found",
             )
+            server.metrics.realtime_refused["model"].inc()
             await session.close_with(error, code=1008)
             return
         self.sessions.add(session)
+        server.metrics.realtime_sessions.inc()
         try:
             await session.run(receive)
         finally:
             self.sessions.discard(session)
+            server.metrics.realtime_sessions.dec()
+
+    def _refusal(self) -> tuple[str, str] | None:
+        """Why a new session is refused, if it is: ``(reason, message)``."""
+        server = self._server
+        if server.draining or server.orchestrator is None:
+            return "unavailable", "the server is not taking sessions (starting or shutting down)"
+        if len(self.sessions) >= self.options.max_sessions:
+            return "capacity", (
+                f"the server is at capacity: {_sessions(len(self.sessions))} "
+                f"(--realtime-max-sessions {self.options.max_sessions})"
+            )
+        return None
 
     def stop_all(self) -> None:
         """End every session (the server stops): each is told, then closed."""

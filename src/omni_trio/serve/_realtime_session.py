@@ -247,9 +247,9 @@ class Session:
             self._trace("request_ended", response.events.id)
         del self._scopes[response]
         status = self._state.ended(response, status, details)
-        server.metrics.finished(
-            {"completed": "completed", "cancelled": "aborted"}.get(status, "error")
-        )
+        metrics = server.metrics
+        metrics.finished({"completed": "completed", "cancelled": "aborted"}.get(status, "error"))
+        metrics.realtime_response("unseen" if response.silent else status, response.cancelled)
         self._apply()
 
     async def _stream(
