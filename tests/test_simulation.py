@@ -229,6 +229,37 @@ async def test_without_faults_a_request_takes_exactly_its_pacing(autojump_clock)
     assert lines[-1].endswith(" end")
 
 
+async def test_a_traced_stream_is_read_in_batches_too(autojump_clock):
+    """``receive_batch`` and ``receive`` record what they take as ``async for`` does:
+    the same outputs, each a line of the trace."""
+    seen = []
+    for how in ("iterate", "batches", "one by one"):
+        config = parse_pipeline(CONFIG)
+        async with (
+            open_simulated_pipeline(config, seed=0) as sim,
+            sim.open_request("p") as stream,
+        ):
+            outputs = []
+            if how == "iterate":
+                outputs = [out async for out in stream]
+            elif how == "batches":
+                while stream.terminal is None:
+                    outputs += await stream.receive_batch()
+            else:
+                while stream.terminal is None:
+                    outputs.append(await stream.receive())
+                with pytest.raises(trio.EndOfChannel):
+                    await stream.receive()
+        assert sim.requests[0].outputs == outputs
+        assert outputs[-1].finish_reason == "completed"
+        lines = str(sim.trace).splitlines()
+        taken = [line.split(" ", 1)[1] for line in lines if " output 0 " in line]
+        assert len(taken) == len(outputs) - 1
+        assert sum(" terminal 0 " in line for line in lines) == 1
+        seen.append(([(o.stage_id, o.data) for o in outputs], taken))
+    assert seen[0] == seen[1] == seen[2]
+
+
 async def test_a_killed_worker_fails_its_request_and_is_restarted(autojump_clock):
     plan = [Fault(at=0.25, kind="kill", stage=0)]
     async with open_simulated_pipeline(parse_pipeline(CONFIG), seed=0, faults=plan) as sim:

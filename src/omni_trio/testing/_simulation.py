@@ -159,10 +159,34 @@ class _Stream:
         return self
 
     async def __anext__(self) -> OrchOutput:
-        record = self.record
-        if record.stop_until > trio.current_time():
-            await trio.sleep_until(record.stop_until)
+        await self._wait_if_stopped()
         out: OrchOutput = await self._stream.__anext__()
+        self._took(out)
+        return out
+
+    async def receive(self) -> OrchOutput:
+        """:meth:`RequestStream.receive <omni_trio.RequestStream.receive>`, recorded."""
+        await self._wait_if_stopped()
+        out: OrchOutput = await self._stream.receive()
+        self._took(out)
+        return out
+
+    async def receive_batch(self) -> list[OrchOutput]:
+        """:meth:`RequestStream.receive_batch <omni_trio.RequestStream.receive_batch>`,
+        each output recorded."""
+        await self._wait_if_stopped()
+        batch: list[OrchOutput] = await self._stream.receive_batch()
+        for out in batch:
+            self._took(out)
+        return batch
+
+    async def _wait_if_stopped(self) -> None:
+        until = self.record.stop_until
+        if until > trio.current_time():
+            await trio.sleep_until(until)
+
+    def _took(self, out: OrchOutput) -> None:
+        record = self.record
         record.outputs.append(out)
         if out.finished:
             self._trace.record(
@@ -172,7 +196,6 @@ class _Stream:
             self._trace.record(
                 "output", record.index, out.request_id, out.stage_id, summary(out.data)
             )
-        return out
 
 
 @final
