@@ -38,6 +38,15 @@ MODEL = ServedModel(
 )
 #: 100 ms of 24 kHz PCM16.
 PCM = bytes(4800)
+#: A spoken turn's end, with a response to it: the events, in order.
+TURN_ANSWERED = [
+    "input_audio_buffer.speech_stopped",
+    "input_audio_buffer.committed",
+    "conversation.item.added",
+    "response.created",
+    "response.output_item.added",
+    "conversation.item.added",
+]
 
 
 class ScriptedDetector:
@@ -197,15 +206,7 @@ def test_a_spoken_turn_is_committed_and_answered_when_it_ends():
     assert kinds(h.append(SpeechStarted(100))) == ["input_audio_buffer.speech_started"]
     h.append()
     commands = h.append(SpeechStopped(300))
-    assert kinds(commands) == [
-        "input_audio_buffer.speech_stopped",
-        "input_audio_buffer.committed",
-        "conversation.item.added",
-        "response.created",
-        "response.output_item.added",
-        "conversation.item.added",
-        "start",
-    ]
+    assert kinds(commands) == [*TURN_ANSWERED, "start"]
     # the turn: from the prefix padding before the speech (at most the buffer's
     # start) to where the silence began
     prompt = commands[-1].prompt
@@ -223,15 +224,8 @@ def test_a_speculation_is_held_then_promoted_when_the_turn_ends():
     delta = Out(json.dumps({"type": "response.output_audio_transcript.delta"}), words="hi")
     assert h.state.outgoing(speculation, [delta]) == []  # held back
     commands = h.append(SpeechStopped(200))
-    assert kinds(commands) == [
-        "input_audio_buffer.speech_stopped",
-        "input_audio_buffer.committed",
-        "conversation.item.added",
-        "response.created",
-        "response.output_item.added",
-        "conversation.item.added",
-        "response.output_audio_transcript.delta",  # what it held, after the commit
-    ]
+    # what it held goes out after the commit and the response's start
+    assert kinds(commands) == [*TURN_ANSWERED, "response.output_audio_transcript.delta"]
     assert commands[-1].response is speculation
     assert h.state.response is speculation
     assert not speculation.held
