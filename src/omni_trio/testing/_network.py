@@ -11,7 +11,7 @@ So the simulation knows each worker's connections, and a fault can stall a worke
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from typing import Any
 
 import trio
 
@@ -22,10 +22,6 @@ from ..process.testing import MemoryListener
 from ..process.worker._shm import MemorySegments, Segments
 from ..process.worker._threads import IN_SIMULATION
 from ._streams import Wire, open_wire
-
-if TYPE_CHECKING:
-    from ..process.worker._engine import EngineFactory
-    from ..process.worker._transport import Transport
 
 __all__ = ["SimLauncher", "SimNetwork"]
 
@@ -189,15 +185,9 @@ class _SimWorker(TaskHandle):
         self.stalled = False
         self.held: list[Wire] = []
 
-    async def run(
-        self,
-        control: trio.abc.Stream,
-        *,
-        factory: EngineFactory | None = None,
-        transport: Transport | None = None,
-    ) -> None:
+    async def run(self, *args: Any, **kwargs: Any) -> None:
         IN_SIMULATION.set(True)  # this task's context: its engines see it
-        await super().run(control, factory=factory, transport=transport)
+        await super().run(*args, **kwargs)
 
 
 @final
