@@ -4,7 +4,8 @@ WebSocket client for it.
 :func:`realtime_server` serves three :class:`ScriptedStage` stages: listen (stage 0,
 ``"transcript"``: it "hears" an utterance as ``"<N> ms of audio"``, or its text as
 it is), thinker (stage 1, text: :data:`WORDS` words about what it heard, one every
-``word_seconds``; a transcript that starts with "fail" makes it fail after two) and
+``word_seconds``; a transcript that starts with "fail" makes it fail after two; a
+turn of :data:`DEAF_MS` makes the listen stage fail) and
 code2wav (stage 2, 24 kHz audio: a chunk per word). Each stage records its submits
 and aborts, so a test can see every stage's abort of a cancelled response.
 
@@ -38,6 +39,10 @@ AUDIO = FinalOutput(2, "audio", "code2wav", 24_000)
 WORDS = 12
 #: What the scripted thinker says when it fails.
 THINKER_BROKE = "the scripted thinker broke"
+#: The scripted listen stage fails to hear a turn of exactly this many ms ...
+DEAF_MS = 700
+#: ... and says this.
+LISTENER_BROKE = "the scripted listener broke"
 #: A chunk of audio per word: 100 ms at 24 kHz.
 WORD_AUDIO = b"\x01\x00" * 2400
 
@@ -88,6 +93,9 @@ class Script:
         listen, thinker, code2wav = self.stages
         transcript = heard(utterance)
         try:
+            if transcript == f"{DEAF_MS} ms of audio":
+                await listen.emit(rid, error=LISTENER_BROKE)
+                return
             await listen.emit(rid, transcript, finished=True)
             for index, word in enumerate(answer_words(transcript)):
                 if self.word_seconds:

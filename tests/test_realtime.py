@@ -24,6 +24,8 @@ from websockets.sync.client import connect
 
 from omni_trio.serve import RealtimeOptions
 from realtime_helpers import (
+    DEAF_MS,
+    LISTENER_BROKE,
     MODEL,
     THINKER_BROKE,
     WORDS,
@@ -430,6 +432,37 @@ async def test_a_failed_answer_is_failed_and_names_why() -> None:
     # what was heard of it stays in the conversation: two words
     after = [p for p in server.script.prompts.values() if p["text"] == "after"]
     assert after[0]["context"][-1] == {"role": "assistant", "text": "fail0 fail1 "}
+
+
+async def test_a_turn_that_could_not_be_heard_says_so_and_the_session_goes_on() -> None:
+    async with realtime_server() as server:
+
+        def script(client: Client) -> list[dict]:
+            manual(client)
+            client.append(quiet(DEAF_MS))
+            client.send("input_audio_buffer.commit")
+            committed = client.until("input_audio_buffer.committed")
+            client.send("response.create")
+            client.until("response.done")
+            client.append(quiet(300))  # the next turn is heard
+            client.send("input_audio_buffer.commit")
+            client.until("input_audio_buffer.committed")
+            client.send("response.create")
+            client.until("response.done")
+            return [committed, *client.events]
+
+        committed, *events = await talk(server.ws_url(), script)
+    (failed,) = [
+        e for e in events if e["type"] == "conversation.item.input_audio_transcription.failed"
+    ]
+    assert failed["item_id"] == committed["item_id"]
+    assert LISTENER_BROKE in failed["error"]["message"]
+    first, second = [e["response"] for e in events if e["type"] == "response.done"]
+    assert (first["status"], second["status"]) == ("failed", "completed")
+    (heard,) = [
+        e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"
+    ]
+    assert heard["transcript"] == "300 ms of audio"
 
 
 async def test_an_answer_aborted_by_the_server_is_incomplete() -> None:

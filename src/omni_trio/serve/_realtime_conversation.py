@@ -393,6 +393,23 @@ class ResponseEvents:
             self.answer.text = "".join(self._text)
         text = self.answer.text or ""
         events = []
+        heard = self.heard
+        if status == "failed" and heard is not None and heard.text is None:
+            # the turn was never heard: its transcript will not come
+            error = (details or {}).get("error") or {"message": "the response failed"}
+            events.append(
+                event(
+                    "conversation.item.input_audio_transcription.failed",
+                    item_id=heard.id,
+                    content_index=0,
+                    error={
+                        "type": "transcription_error",
+                        "code": None,
+                        "message": error.get("message"),
+                        "param": None,
+                    },
+                )
+            )
         if self.modality == "audio":
             events.append(event("response.output_audio.done", **where, content_index=0))
             events.append(
