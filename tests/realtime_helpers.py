@@ -40,7 +40,7 @@ WORDS = 12
 #: What the scripted thinker says when it fails.
 THINKER_BROKE = "the scripted thinker broke"
 #: The scripted listen stage fails to hear a turn of exactly this many ms ...
-DEAF_MS = 700
+DEAF_MS = 1_234  # no other test speaks for this long
 #: ... and says this.
 LISTENER_BROKE = "the scripted listener broke"
 #: A chunk of audio per word: 100 ms at 24 kHz.
