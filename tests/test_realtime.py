@@ -511,7 +511,7 @@ async def test_a_cancelled_answer_keeps_what_was_written() -> None:
 async def test_a_truncation_while_the_answer_streams_holds() -> None:
     """The client cuts an answer it is still receiving: the answer keeps what was
     played then, however much more of it comes."""
-    async with realtime_server(word_seconds=0.03) as server:
+    async with realtime_server(word_seconds=0.06) as server:
 
         def script(client: Client) -> tuple[dict, dict]:
             say(client, "story")
