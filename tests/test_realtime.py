@@ -68,8 +68,14 @@ async def test_a_typed_turn_is_answered_in_order() -> None:
             return client.events
 
         events = await talk(server.ws_url(), script)
+        first_audio = [
+            await metric(server, f"omni_trio:realtime_first_audio_seconds_{part}")
+            for part in ("count", "sum")
+        ]
     kinds = [e["type"] for e in events]
     assert kinds[:2] == ["conversation.item.added", "conversation.item.done"]
+    assert first_audio[0] == 1
+    assert 0 < first_audio[1] < 10
     assert kinds[2:5] == [
         "response.created",
         "response.output_item.added",
@@ -102,6 +108,8 @@ async def test_text_modality_gets_text_events_only() -> None:
             return client.events
 
         events = await talk(server.ws_url(), script)
+        no_audio = await metric(server, "omni_trio:realtime_first_audio_seconds_count")
+    assert no_audio == 0
     kinds = {e["type"] for e in events}
     assert {"response.output_text.delta", "response.output_text.done"} <= kinds
     assert not kinds & {*DELTAS, "response.output_audio.done"}
@@ -665,8 +673,9 @@ async def test_speech_over_an_answer_cancels_it_and_nothing_of_it_follows() -> N
         counted = [
             await metric(server, responses, status="cancelled", reason="turn_detected"),
             await metric(server, responses, status="completed", reason=""),
+            await metric(server, "omni_trio:realtime_first_audio_seconds_count"),
         ]
-    assert counted == [1, 1]
+    assert counted == [1, 1, 2]  # both answers' first audio was written
     first, second = [e["response"] for e in events if e["type"] == "response.done"]
     assert (first["status"], second["status"]) == ("cancelled", "completed")
     starts = [i for i, e in enumerate(events) if e["type"] == "input_audio_buffer.speech_started"]

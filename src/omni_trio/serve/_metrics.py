@@ -46,7 +46,8 @@ class ServerMetrics:
     counters ``omni_trio:requests_finished_total{finish_reason}`` and
     ``omni_trio:stage_outputs_total{stage}``; gauges ``omni_trio:num_requests_running``
     and ``omni_trio:num_requests_waiting``; for ``/v1/realtime``, the gauge
-    ``omni_trio:realtime_sessions`` and the counters
+    ``omni_trio:realtime_sessions``, the histogram
+    ``omni_trio:realtime_first_audio_seconds``, and the counters
     ``omni_trio:realtime_sessions_refused_total{reason}`` and
     ``omni_trio:realtime_responses_total{status,reason}``; and, read from the orchestrator's
     statistics at each scrape, ``omni_trio:stage_alive{stage}`` and
@@ -143,6 +144,12 @@ class ServerMetrics:
             "client_disconnected; server_shutting_down).",
             [*labels, "status", "reason"],
             registry=self.registry,
+        )
+        self.realtime_first_audio = histogram(
+            "omni_trio:realtime_first_audio_seconds",
+            "Seconds from a realtime response's start as the client sees it "
+            "(response.created: the turn is over, or the client asked) to its first "
+            "audio written.",
         )
         self._name = name
         self._statistics = _StatisticsCollector(name)

@@ -263,7 +263,6 @@ class ResponseEvents:
         self._text: list[str] = []  # the answer's, as made
         self._audio_sent = 0
         self._over = False  # done: the answer's text is known
-        self.first_audio = True
 
     @property
     def stage_ids(self) -> frozenset[int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import secrets
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -21,7 +22,7 @@ from ._realtime_state import Cancel, Response, SessionState, Start, failed, stat
 from ._realtime_state import Send as SendEvent
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from ._chat import Receive, Send
     from ._realtime import RealtimeOptions
@@ -39,12 +40,23 @@ _LAST_WORDS = 1.0
 class _Outbox:
     """The session's events on their way out, written by one task, in order. A
     cancelled response's events still here are dropped (all but its
-    ``response.done``, queued without a response)."""
+    ``response.done``, queued without a response).
 
-    def __init__(self, limit: int) -> None:
+    ``first_audio(seconds)`` is told, for each response, how long after its first
+    event was queued (its ``response.created``: the turn is over, or the client
+    asked) its first audio was written.
+    """
+
+    def __init__(self, limit: int, first_audio: Callable[[float], None]) -> None:
         self._queue: collections.deque[tuple[Out, Response | None]] = collections.deque()
         self._bytes = 0
         self._limit = limit
+        self._first_audio = first_audio
+        # when each response's first event was queued (None: its first audio was
+        # written); weak: a response that never had audio written is not kept
+        self._announced: weakref.WeakKeyDictionary[Response, float | None] = (
+            weakref.WeakKeyDictionary()
+        )
         self._wake = trio.Event()
         self._space = trio.lowlevel.ParkingLot()
         self._empty = trio.lowlevel.ParkingLot()
@@ -55,6 +67,8 @@ class _Outbox:
             await self._empty.park()
 
     def put_nowait(self, out: Out, response: Response | None = None) -> None:
+        if response is not None and response.events.modality == "audio":
+            self._announced.setdefault(response, trio.current_time())
         self._queue.append((out, response))
         self._bytes += len(out.text)
         self._wake.set()
@@ -89,6 +103,11 @@ class _Outbox:
                     continue  # a cancelled response says nothing more
                 response.events.sent(out)
             await send({"type": "websocket.send", "text": out.text})
+            if out.audio_bytes and response is not None:
+                announced = self._announced.get(response)
+                if announced is not None:
+                    self._announced[response] = None  # told once
+                    self._first_audio(trio.current_time() - announced)
 
 
 class Session:
@@ -100,7 +119,7 @@ class Session:
         self._options = options
         self.id = f"sess_{secrets.token_hex(8)}"
         self._state = SessionState(self.id, server.model, options)
-        self._outbox = _Outbox(options.outbox_bytes)
+        self._outbox = _Outbox(options.outbox_bytes, server.metrics.realtime_first_audio.observe)
         self._scopes: dict[Response, trio.CancelScope] = {}
         self._nursery: trio.Nursery | None = None
         self._reading = trio.CancelScope()
