@@ -50,6 +50,13 @@ def say(client: Client, text: str) -> None:
     )
 
 
+def answer(client: Client, text: str) -> dict:
+    """Say ``text``, ask for a response, and wait for its ``response.done``."""
+    say(client, text)
+    client.send("response.create")
+    return client.until("response.done")
+
+
 def manual(client: Client, **session: object) -> None:
     client.send(
         "session.update",
@@ -62,9 +69,7 @@ async def test_a_typed_turn_is_answered_in_order() -> None:
     async with realtime_server() as server:
 
         def script(client: Client) -> list[dict]:
-            say(client, "hello there")
-            client.send("response.create")
-            client.until("response.done")
+            answer(client, "hello there")
             return client.events
 
         events = await talk(server.ws_url(), script)
@@ -102,9 +107,7 @@ async def test_text_modality_gets_text_events_only() -> None:
                 "session.update", session={"type": "realtime", "output_modalities": ["text"]}
             )
             client.until("session.updated")
-            say(client, "plain")
-            client.send("response.create")
-            client.until("response.done")
+            answer(client, "plain")
             return client.events
 
         events = await talk(server.ws_url(), script)
@@ -147,9 +150,7 @@ async def test_the_conversation_is_the_context_and_truncation_cuts_it() -> None:
     async with realtime_server() as server:
 
         def script(client: Client) -> None:
-            say(client, "first")
-            client.send("response.create")
-            done = client.until("response.done")
+            done = answer(client, "first")
             item = done["response"]["output"][0]["id"]
             # the client played a quarter of the answer's audio
             client.send(
@@ -160,9 +161,7 @@ async def test_the_conversation_is_the_context_and_truncation_cuts_it() -> None:
             )
             truncated = client.until("conversation.item.truncated")
             assert truncated["item_id"] == item
-            say(client, "second")
-            client.send("response.create")
-            client.until("response.done")
+            answer(client, "second")
 
         await talk(server.ws_url(), script)
     first, second = server.script.prompts.values()
@@ -187,9 +186,7 @@ async def test_response_cancel_aborts_every_stage_and_nothing_follows() -> None:
             assert done["response"]["status"] == "cancelled"
             assert done["response"]["status_details"]["reason"] == "client_cancelled"
             # the session goes on: a second response is answered
-            say(client, "again")
-            client.send("response.create")
-            client.until("response.done")
+            answer(client, "again")
             return client.events
 
         events = await talk(server.ws_url(), script)
@@ -361,9 +358,7 @@ async def test_sessions_are_isolated() -> None:
 
         async def one(question: str) -> None:
             def script(client: Client) -> str:
-                say(client, question)
-                client.send("response.create")
-                client.until("response.done")
+                answer(client, question)
                 return "".join(e["delta"] for e in client.of(DELTAS[1]))
 
             answers[question] = await talk(server.ws_url(), script)
@@ -389,12 +384,8 @@ async def test_one_sessions_death_leaves_the_others_alone() -> None:
 
         def lives(client: Client) -> list[str]:
             trio.from_thread.run(streaming.wait)
-            say(client, "steady")
-            client.send("response.create")
-            first = client.until("response.done")["response"]
-            say(client, "again")
-            client.send("response.create")
-            second = client.until("response.done")["response"]
+            first = answer(client, "steady")["response"]
+            second = answer(client, "again")["response"]
             return [
                 first["status"],
                 second["status"],
@@ -425,12 +416,8 @@ async def test_a_failed_answer_is_failed_and_names_why() -> None:
     async with realtime_server() as server:
 
         def script(client: Client) -> dict:
-            say(client, "fail now")
-            client.send("response.create")
-            done = client.until("response.done")
-            say(client, "after")
-            client.send("response.create")
-            client.until("response.done")
+            done = answer(client, "fail now")
+            answer(client, "after")
             return done["response"]
 
         response = await talk(server.ws_url(), script)
@@ -501,9 +488,7 @@ async def test_a_cancelled_answer_keeps_what_was_written() -> None:
             client.send("response.cancel")
             client.until("response.done")
             written = "".join(e["delta"] for e in client.of(DELTAS[1]))
-            say(client, "next")
-            client.send("response.create")
-            client.until("response.done")
+            answer(client, "next")
             return written
 
         written = await talk(server.ws_url(), script)
@@ -532,9 +517,7 @@ async def test_a_truncation_while_the_answer_streams_holds() -> None:
             )
             truncated = client.until("conversation.item.truncated")
             done = client.until("response.done")["response"]
-            say(client, "then")
-            client.send("response.create")
-            client.until("response.done")
+            answer(client, "then")
             return truncated, done
 
         truncated, done = await talk(server.ws_url(), script)
@@ -574,9 +557,7 @@ async def test_a_session_is_not_idle_while_its_answer_streams() -> None:
     async with realtime_server(options=options, word_seconds=0.05) as server:
 
         def script(client: Client) -> list[str]:
-            say(client, "slowly")
-            client.send("response.create")
-            client.until("response.done")  # 0.6 s: three idle timeouts
+            answer(client, "slowly")  # 0.6 s: three idle timeouts
             client.until("error")
             return [e["type"] for e in client.events]
 
