@@ -245,11 +245,6 @@ class Session:
 
     # -- responses ----------------------------------------------------------------------
 
-    def _trace(self, what: str, ref: str) -> None:
-        trace = self._options.trace
-        if trace is not None:
-            trace(self.id, what, ref)
-
     async def _respond(self, response: Response, prompt: Any, scope: trio.CancelScope) -> None:
         server = self._server
         status: Status = "failed"
@@ -263,7 +258,7 @@ class Session:
             with ticket, scope:
                 ticket.cancel_scope = scope
                 status, details = await self._stream(response, prompt, ticket)
-            self._trace("request_ended", response.events.id)
+            self._state.trace("request_ended", response.events.id)
         del self._scopes[response]
         status = self._state.ended(response, status, details)
         metrics = server.metrics

@@ -245,11 +245,7 @@ class SessionState:
     def holds_too_much(self, response: Response) -> bool:
         """``response`` is held and holds more than ``outbox_bytes``: it must wait
         (read no more of its request) until its turn ends or it is cancelled."""
-        return (
-            response.held
-            and response.cancelled is None
-            and response.held_bytes > self._options.outbox_bytes
-        )
+        return response.held and response.held_bytes > self._options.outbox_bytes
 
     def ended(self, response: Response, status: Status, details: dict[str, Any] | None) -> Status:
         """``response``'s request is over, as ``status``: its last events follow (or
@@ -265,13 +261,14 @@ class SessionState:
             response.done = done
             return status
         self._commands += [Send(Out(text)) for text in done]
-        self._trace("response_done", response.events.id)
+        self.trace("response_done", response.events.id)
         self._finished(response)
         return status
 
     # -- client events ----------------------------------------------------------------
 
-    def _trace(self, what: str, ref: str) -> None:
+    def trace(self, what: str, ref: str) -> None:
+        """Tell ``options.trace`` of a step of the session (``what``, of ``ref``)."""
         trace = self._options.trace
         if trace is not None:
             trace(self.id, what, ref)
@@ -393,7 +390,7 @@ class SessionState:
             )
             self._turn = Item(self._conversation.new_id(), "user")
             self._turn_start = start
-            self._trace("speech_started", self._turn.id)
+            self.trace("speech_started", self._turn.id)
             if turns.interrupt_response and self.response is not None:
                 self._cancel(self.response, "turn_detected")
             self._put(
@@ -403,7 +400,7 @@ class SessionState:
             )
         elif isinstance(happened, SilenceStarted):
             if self._turn is not None:
-                self._trace("silence_started", self._turn.id)
+                self.trace("silence_started", self._turn.id)
             if self._turn is not None and turns.create_response and self._options.speculate:
                 audio = self._buffer.between(self._turn_start, offset + happened.audio_ms)
                 self._turn.audio = audio
@@ -413,7 +410,7 @@ class SessionState:
         elif isinstance(happened, SpeechStopped) and self._turn is not None:
             end = offset + happened.audio_end_ms
             turn, self._turn = self._turn, None
-            self._trace("speech_stopped", turn.id)
+            self.trace("speech_stopped", turn.id)
             self._put("input_audio_buffer.speech_stopped", audio_end_ms=end, item_id=turn.id)
             turn.audio = self._buffer.between(self._turn_start, end)
             self._buffer.drop_before(end)
@@ -549,7 +546,7 @@ class SessionState:
         )
         response = Response(events, turn, held=held)
         self.responses.add(response)
-        self._trace("response_started", response.events.id)
+        self.trace("response_started", response.events.id)
         if not held:
             self._announce(response)
         self._commands.append(Start(response, self._prompt(turn)))
@@ -590,7 +587,7 @@ class SessionState:
         if response.cancelled is None:
             response.cancelled = reason
             response.silent = silent or response.held
-            self._trace("response_cancelled", response.events.id)
+            self.trace("response_cancelled", response.events.id)
         if not response.ended:
             self._commands.append(Cancel(response))
         elif response.silent:  # a speculation that ended held: forgotten unseen
