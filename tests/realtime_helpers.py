@@ -37,6 +37,8 @@ HEARD = FinalOutput(0, "transcript", "listen")
 TEXT = FinalOutput(1, "text", "thinker")
 AUDIO = FinalOutput(2, "audio", "code2wav", 24_000)
 WORDS = 12
+#: A response's deltas: its audio, its transcript.
+DELTAS = ("response.output_audio.delta", "response.output_audio_transcript.delta")
 #: What the scripted thinker says when it fails.
 THINKER_BROKE = "the scripted thinker broke"
 #: The scripted listen stage fails to hear a turn of exactly this many ms ...
