@@ -167,7 +167,16 @@ class TestDecisionTable:
         assert core.dropped_outputs == 1
         assert core.in_flight == 0
 
-    @pytest.mark.parametrize("junk", [("r", "x"), None, 42, StageOutput(["unhashable"], "x")])
+    @pytest.mark.parametrize(
+        "junk",
+        [
+            ("r", "x"),
+            None,
+            42,
+            StageOutput(["unhashable"], "x"),
+            StageOutput(["unhashable"], released=True),  # a fence too
+        ],
+    )
     def test_malformed_outputs_are_dropped(self, junk):
         core = chunk_core()
         core.add_request("r", "p")

@@ -227,3 +227,22 @@ class TestReceiveBatch:
                 [output] = await stream.receive_batch()
                 assert (output.data, trio.current_time() - started) == ("x", 1)
             assert stream.terminal is None
+
+
+async def test_a_stage_that_reports_releases_but_takes_none_is_not_fenced():
+    """Fences come with releases: a stage with ``reports_releases`` and no
+    ``release`` is never told of one, so no fence is owed for it -- a request that
+    reuses an ended one's id still gets that stage's outputs."""
+
+    class NoRelease(ScriptedStage):
+        reports_releases = True
+        release = None  # type: ignore[assignment]
+
+    stage = NoRelease()
+    with trio.fail_after(5):
+        async with open_orchestrator([stage], {0}, prewarm_fn=warm) as orch:
+            for answer in ("first", "second"):
+                async with orch.open_request("p", request_id="r") as stream:
+                    await stage.emit("r", answer, finished=True)
+                    outputs = [out.data async for out in stream]
+                assert outputs == [answer]

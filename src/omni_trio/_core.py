@@ -351,13 +351,14 @@ class OrchestratorCore:
         if not isinstance(output, StageOutput):
             self._drop(stage_id, output, "it is not a StageOutput", level=logging.WARNING)
             return
-        if output.released:
-            self._lift_fence(output.request_id, stage_id)
-            return
         try:
             st = self._requests.get(output.request_id)
         except TypeError:  # unhashable request_id
-            st = None
+            self._drop(stage_id, output, "its request_id is not hashable")
+            return
+        if output.released:
+            self._lift_fence(output.request_id, stage_id)
+            return
         if st is None:
             self._drop(stage_id, output, "the request is unknown or already ended")
             return

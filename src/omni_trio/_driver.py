@@ -114,7 +114,9 @@ def prepare(
         fenced_stages=[
             i
             for i, stage in enumerate(checked)
+            # fences come with releases: a stage that is not told of them sends none
             if getattr(stage, "reports_releases", False) is True
+            and callable(getattr(stage, "release", None))
         ],
     )
     check_max_in_flight(max_in_flight)

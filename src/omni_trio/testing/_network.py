@@ -44,9 +44,12 @@ class _WorkerTransport:
         if address in self._network.listeners:
             raise OSError(f"{address} is in use")
         network = self._network
-        listener = network.listeners[address] = MemoryListener(
-            lambda: network.listeners.pop(address, None)
-        )
+
+        def closed() -> None:
+            network.listeners.pop(address, None)
+            network.places.pop(address, None)
+
+        listener = network.listeners[address] = MemoryListener(closed)
         network.places[address] = self._place
         return listener, address
 

@@ -364,7 +364,7 @@ async def open_simulated_pipeline(
     memory. Nothing touches a socket, a file, a thread or the real clock. Whatever
     the config's backends say, every stage is simulated. An engine that would run
     a thread (eSpeak NG, Whisper) fails its request with
-    :class:`~omni_trio.testing.SimulationError`'s message.
+    :class:`~omni_trio.process.SimulationError`'s message.
 
     The same seed, config, faults and workload give the same
     :attr:`SimulatedPipeline.trace`, byte for byte.
