@@ -43,11 +43,11 @@ def relay(delay: float = 0.0):
     return engine
 
 
-def marks_last(count: int = 3):
-    """Yields ``count`` items, the last wrapped in ``Last``: stage 0 makes them up, a
-    later stage upper-cases its upstream chunks (it stops at the ``count``-th, its
-    last) or its forwarded inputs; each item is streamed downstream too, when
-    connected."""
+def marks_last(count: int = 3, meta: dict | None = None):
+    """Yields ``count`` items, the last wrapped in ``Last`` (with ``meta``): stage 0
+    makes them up, a later stage upper-cases its upstream chunks (it stops at the
+    ``count``-th, its last) or its forwarded inputs; each item is streamed downstream
+    too, when connected."""
 
     async def engine(request, io):
         if request.stage_id == 0:
@@ -55,18 +55,18 @@ def marks_last(count: int = 3):
                 item = f"{request.inputs}:{i}"
                 if io.connected:
                     await io.send(item.encode())
-                yield Last(item) if i == count - 1 else item
+                yield Last(item, meta) if i == count - 1 else item
         elif io.connected:
             i = 0
             async for chunk in io:
                 i += 1
                 item = chunk.decode().upper()
                 await io.send(item.encode())
-                yield Last(item) if i == count else item
+                yield Last(item, meta) if i == count else item
         else:
             items = [str(item).upper() for item in request.inputs]
             for i, item in enumerate(items):
-                yield Last(item) if i == len(items) - 1 else item
+                yield Last(item, meta) if i == len(items) - 1 else item
 
     return engine
 

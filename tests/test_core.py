@@ -144,6 +144,22 @@ class TestDecisionTable:
         assert core.state("r").pending_final is not None
         assert feed(core, 1, "r", None, True) == [(2, "b", True)]
 
+    def test_meta_goes_with_its_output_and_with_a_held_terminal(self):
+        core = chunk_core()
+        core.add_request("r", "p")
+        core.receive_output(0, StageOutput("r", "a", True, meta={"usage": 1}))
+        core.receive_output(2, StageOutput("r", "b", True, meta={"usage": 2}))
+        [text] = core.take_outputs()
+        assert (text.stage_id, text.finished, text.meta) == (0, False, {"usage": 1})
+        assert core.state("r").pending_final.meta == {"usage": 2}
+        core.receive_output(1, StageOutput("r", None, True, meta={"never": "seen"}))
+        [terminal] = core.take_outputs()
+        assert (terminal.data, terminal.finish_reason, terminal.meta) == (
+            "b",
+            "completed",
+            {"usage": 2},
+        )
+
     def test_non_final_data_never_reaches_the_user(self):
         core = chunk_core()
         core.add_request("r", "p")

@@ -93,6 +93,7 @@ def test_signatures_resolve_from_the_package() -> None:
         "finish_reason",
         "error",
         "metrics",
+        "meta",
     ]
     assert list(inspect.signature(StageOutput).parameters) == [
         "request_id",
@@ -100,4 +101,14 @@ def test_signatures_resolve_from_the_package() -> None:
         "finished",
         "error",
         "released",
+        "meta",
     ]
+
+
+def test_meta_is_part_of_the_message() -> None:
+    # What a stage says about its data is compared and shown; timings are not.
+    said = OrchOutput("r", 0, "a", True, "completed", meta={"finish_reason": "length"})
+    assert said != OrchOutput("r", 0, "a", True, "completed")
+    assert said == msgspec.structs.replace(said, metrics=METRICS)
+    assert repr(said).endswith(", meta={'finish_reason': 'length'})")
+    assert hash(said) == hash(OrchOutput("r", 0, "a", True, "completed", meta=dict(said.meta)))

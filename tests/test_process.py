@@ -96,6 +96,24 @@ async def test_forward_a_marked_last_output_is_the_completion_and_is_forwarded()
     ]
 
 
+async def test_what_an_engine_says_of_its_last_output_reaches_the_user():
+    # Last(data, meta): the meta travels with the completion, from a final stage
+    # that is not the last (a non-terminal output) and from the last (the terminal).
+    config = pipeline_config(
+        ("marks_last", '{ count = 2, meta = { usage = { tokens = 2 }, why = "stop" } }', True, ""),
+        ("marks_last", "{ count = 2 }", False, ""),
+        ("marks_last", '{ count = 2, meta = { stage = 2 } }', True, ""),
+    )
+    async with running(config) as (_, orch), orch.open_request("m") as stream:
+        outs = [(o.stage_id, o.data, o.meta) async for o in stream]
+    assert sorted(outs, key=lambda o: o[0]) == [
+        (0, "m:0", None),
+        (0, "m:1", {"usage": {"tokens": 2}, "why": "stop"}),
+        (2, "M:0", None),
+        (2, "M:1", {"stage": 2}),
+    ]
+
+
 async def test_marking_the_last_output_delays_no_output(tmp_path):
     """The worker sends each item as it is yielded: the first reaches the user while
     the engine waits, before it has yielded (and marked) its last -- were the worker

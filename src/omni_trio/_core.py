@@ -405,9 +405,16 @@ class OrchestratorCore:
                 st.num_outputs += 1
                 if stage_id not in st.first_output:
                     st.first_output[stage_id] = self.now
-                self._outputs.append(OrchOutput(st.request_id, stage_id, data, False))
+                meta = output.meta
+                self._outputs.append(
+                    OrchOutput(st.request_id, stage_id, data, False)
+                    if meta is None
+                    else OrchOutput(st.request_id, stage_id, data, False, meta=meta)
+                )
             else:
-                terminal = OrchOutput(st.request_id, stage_id, data, True, "completed")
+                terminal = OrchOutput(
+                    st.request_id, stage_id, data, True, "completed", meta=output.meta
+                )
                 if st.submitted <= st.finished:
                     self._end(st, terminal)
                 else:

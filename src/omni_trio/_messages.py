@@ -42,6 +42,10 @@ class StageOutput(msgspec.Struct, frozen=True):
           submission that ended. Until it arrives, outputs of that request id are of
           the ended submission, and dropped: a later request with the same id never
           gets them.
+      meta: What the stage says about ``data``, beside it (SGLang's ``meta_info``):
+          a language model's token counts and why it stopped, say. Plain data;
+          the orchestrator hands it on, unread, with the output it came with (a
+          final stage's reaches the user's :attr:`OrchOutput.meta`).
     """
 
     request_id: str
@@ -49,6 +53,7 @@ class StageOutput(msgspec.Struct, frozen=True):
     finished: bool = False
     error: str | None = None
     released: bool = False
+    meta: dict[str, Any] | None = None
 
 
 @attrs.frozen
@@ -111,6 +116,9 @@ class OrchOutput(msgspec.Struct, frozen=True):
           or ``"error"`` on the terminal one.
       error: On ``"error"`` terminals, what failed: names the stage and the cause.
       metrics: On terminal outputs, the request's :class:`RequestMetrics`.
+      meta: What the final stage said about ``data``, beside it
+          (:attr:`StageOutput.meta`): a language model's token counts and why it
+          stopped, say; ``None`` where it said nothing.
     """
 
     request_id: str
@@ -120,6 +128,7 @@ class OrchOutput(msgspec.Struct, frozen=True):
     finish_reason: FinishReason | None = None
     error: str | None = None
     metrics: RequestMetrics | None = None
+    meta: dict[str, Any] | None = None
 
     def _key(self) -> tuple[Any, ...]:
         return (
@@ -129,6 +138,7 @@ class OrchOutput(msgspec.Struct, frozen=True):
             self.finished,
             self.finish_reason,
             self.error,
+            None if self.meta is None else tuple(self.meta.items()),
         )
 
     def __eq__(self, other: object) -> bool:
@@ -148,6 +158,8 @@ class OrchOutput(msgspec.Struct, frozen=True):
             fields += f", finish_reason={self.finish_reason!r}"
         if self.error is not None:
             fields += f", error={self.error!r}"
+        if self.meta is not None:
+            fields += f", meta={self.meta!r}"
         return f"OrchOutput({fields})"
 
 

@@ -87,9 +87,12 @@ class ScriptedStageBase:
         data: Any = None,
         finished: bool = False,
         error: str | None = None,
+        *,
+        meta: dict[str, Any] | None = None,
     ) -> None:
-        """Put ``StageOutput(request_id, data, finished, error)`` on :attr:`outputs`."""
-        self.emit_nowait(request_id, data, finished, error)
+        """Put ``StageOutput(request_id, data, finished, error, meta=meta)`` on
+        :attr:`outputs`."""
+        self.emit_nowait(request_id, data, finished, error, meta=meta)
         await self._checkpoint()
 
     def emit_nowait(
@@ -98,9 +101,11 @@ class ScriptedStageBase:
         data: Any = None,
         finished: bool = False,
         error: str | None = None,
+        *,
+        meta: dict[str, Any] | None = None,
     ) -> None:
         """Like :meth:`emit`, without a checkpoint (to emit several in one batch)."""
-        self._put(StageOutput(request_id, data, finished, error))
+        self._put(StageOutput(request_id, data, finished, error, meta=meta))
 
     def emit_batch(self, outputs: list[StageOutput]) -> None:
         """Put several outputs on :attr:`outputs` as one item, as a stage that got them

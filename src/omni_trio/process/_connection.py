@@ -240,7 +240,11 @@ class WorkerConnection:
                     ) != frame.life:
                         self.stale_outputs += 1  # its life was released: late, not ours
                     elif kind is wire.Output:
-                        items.append(StageOutput(frame.request_id, frame.data, frame.finished))
+                        items.append(
+                            StageOutput(
+                                frame.request_id, frame.data, frame.finished, meta=frame.meta
+                            )
+                        )
                         if frame.finished:
                             in_flight.discard(frame.request_id)
                     elif kind is wire.Failed:

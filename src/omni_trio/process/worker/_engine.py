@@ -64,11 +64,19 @@ class Last:
     Mark the last one where the engine knows it, as an LLM engine does when its
     backend reports a sequence finished.
 
+    ``meta`` says something about the output beside its data, for whoever reads it
+    (an LLM engine's token counts and why it stopped: ``Last(text, meta={"usage":
+    {...}, "finish_reason": "length"})``). It is plain data, msgpack's as ``data``
+    is, and travels with the completion: a final stage's reaches the user as the
+    :attr:`~omni_trio.OrchOutput.meta` of the output it comes with.
+
     Attributes:
       data: The output data item, as for any other yield.
+      meta: What the engine says about it; ``None``: nothing.
     """
 
     data: Any
+    meta: dict[str, Any] | None = None
 
 
 class ChunkLostError(Exception):

@@ -202,12 +202,14 @@ class Fatal(_Message):
 
 class Output(_Message):
     """An output of the request's life ``life`` (its ``Submit``'s): a peer that has
-    released that life, or submitted a later one of the id, drops it."""
+    released that life, or submitted a later one of the id, drops it. ``meta``: what
+    the engine said about ``data`` beside it (``Last(data, meta=...)``)."""
 
     request_id: str
     data: Any
     finished: bool
     life: int = 0
+    meta: dict[str, Any] | None = None
 
 
 class Failed(_Message):

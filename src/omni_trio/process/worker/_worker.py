@@ -429,6 +429,7 @@ class Worker:
                 try:
                     stream = self.engine(EngineRequest(request_id, inputs, self.init.stage_id), io)
                     last = None  # the data of the completion: a bare one unless marked
+                    meta = None  # and what the engine said about it
                     async with aclosing(stream):  # type: ignore[type-var]
                         while True:
                             # The engine makes its next output once the connection
@@ -441,7 +442,7 @@ class Worker:
                             except StopAsyncIteration:
                                 break
                             if isinstance(data, Last):
-                                last = data.data
+                                last, meta = data.data, data.meta
                                 break  # the engine said so: closing it is its end
                             if request.credit is not None:  # its consumer's pace
                                 await self._spend_credit(request, output_size(data))
@@ -455,7 +456,8 @@ class Worker:
                     await io.end()
                     if self.init.completion_delay:  # a slow control path, for tests and demos
                         await trio.sleep(self.init.completion_delay)
-                    control.send_nowait(wire.encode(wire.Output(request_id, last, True, life)))
+                    completion = wire.Output(request_id, last, True, life, meta)
+                    control.send_nowait(wire.encode(completion))
                 except Exception as exc:
                     failed = wire.Failed(request_id, describe(exc), life)
                     control.send_nowait(wire.encode(failed))
