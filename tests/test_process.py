@@ -102,7 +102,7 @@ async def test_what_an_engine_says_of_its_last_output_reaches_the_user():
     config = pipeline_config(
         ("marks_last", '{ count = 2, meta = { usage = { tokens = 2 }, why = "stop" } }', True, ""),
         ("marks_last", "{ count = 2 }", False, ""),
-        ("marks_last", '{ count = 2, meta = { stage = 2 } }', True, ""),
+        ("marks_last", "{ count = 2, meta = { stage = 2 } }", True, ""),
     )
     async with running(config) as (_, orch), orch.open_request("m") as stream:
         outs = [(o.stage_id, o.data, o.meta) async for o in stream]

@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from .worker._threads import SimulationError as SimulationError
     from .worker._threads import in_simulation as in_simulation
     from .worker._threads import run_in_thread as run_in_thread
+    from .worker._threads import stream_in_thread as stream_in_thread
     from .worker._wire import MAX_FRAME as MAX_FRAME
     from .worker._wire import ProtocolError as ProtocolError
 
@@ -76,7 +77,7 @@ _EXPORTS = {
         "Last",
         "ReaderUnavailableError",
     ],
-    ".worker._threads": ["SimulationError", "in_simulation", "run_in_thread"],
+    ".worker._threads": ["SimulationError", "in_simulation", "run_in_thread", "stream_in_thread"],
     ".worker._wire": ["MAX_FRAME", "ProtocolError"],
 }
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)
