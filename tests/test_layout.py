@@ -110,6 +110,7 @@ LAYERS = [
             "cli.*",
             "__main__",
             "_audio",
+            "_conversation",
             "_runtime",
             "demo",
             "demo.*",

@@ -154,6 +154,14 @@ def test_an_utterance_is_plain_data():
     }
     assert utterance(audio=bytearray(4), sample_rate=16_000)["audio"] == bytes(4)
     assert utterance(text="Hi") == {"text": "Hi", "context": []}
+    # how to answer travels too, checked (a lone stop string becomes a list)
+    instructed = [{"role": "system", "text": "Be brief."}]
+    sampling = {"temperature": 0, "max_tokens": 8, "stop": "\n", "seed": 7, "top_p": 1}
+    assert utterance(text="Hi", context=instructed, sampling=sampling) == {
+        "text": "Hi",
+        "context": instructed,
+        "sampling": {"temperature": 0.0, "top_p": 1.0, "max_tokens": 8, "seed": 7, "stop": ["\n"]},
+    }
     assert context_of(utterance(text="Hi", context=context)) == context
     assert context_of("Hi") == []
     assert listen2thinker(["What is it?"]) == "What is it?"
@@ -171,8 +179,29 @@ def test_an_utterance_is_plain_data():
         ({"text": 42}, "'text' must be a str, got int"),
         ({"text": "hi", "context": "hello"}, "'context' must be a list of turns, got str"),
         (
-            {"text": "hi", "context": [{"role": "system", "text": "be brief"}]},
-            "context[0].role must be 'user' or 'assistant', got 'system'",
+            {"text": "hi", "context": [{"role": "robot", "text": "be brief"}]},
+            "context[0].role must be 'system', 'user' or 'assistant', got 'robot'",
+        ),
+        (
+            {"text": "hi", "sampling": {"temperature": 3}},
+            "sampling.temperature must be a number from 0 to 2, got 3",
+        ),
+        (
+            {"text": "hi", "sampling": {"top_p": 0}},
+            "sampling.top_p must be a number above 0 to 1, got 0",
+        ),
+        (
+            {"text": "hi", "sampling": {"max_tokens": 0}},
+            "sampling.max_tokens must be a positive integer, got 0",
+        ),
+        ({"text": "hi", "sampling": {"seed": 1.5}}, "sampling.seed must be an integer, got 1.5"),
+        (
+            {"text": "hi", "sampling": {"stop": ["a", ""]}},
+            "sampling.stop must be a non-empty string or a list of up to 4 of them",
+        ),
+        (
+            {"text": "hi", "sampling": {"temp": 0}},
+            "unknown sampling setting(s) 'temp': they are 'temperature', 'top_p',",
         ),
         (
             {"text": "hi", "context": [{"role": "user"}]},

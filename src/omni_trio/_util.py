@@ -113,13 +113,14 @@ class NoPublicConstructor(type):
 # -- public namespaces --------------------------------------------------------------------
 
 
-def _ours(value: object, namespace: str) -> bool:
-    """A class or function defined in a submodule of ``namespace`` (not a type alias
-    such as ``Callable[...]``, which on 3.10 passes for a class)."""
+def _ours(value: object, namespace: str, module: str) -> bool:
+    """A class or function defined in a submodule of ``namespace``, or in ``module``,
+    which the namespace exports it from (not a type alias such as ``Callable[...]``,
+    which on 3.10 passes for a class)."""
     return (
         isinstance(value, (type, FunctionType))
         and not hasattr(value, "__origin__")
-        and value.__module__.startswith(f"{namespace}.")
+        and (value.__module__ == module or value.__module__.startswith(f"{namespace}."))
     )
 
 
@@ -147,7 +148,7 @@ def lazy_exports(
                 continue  # not loaded yet, or published already
             for name in names:
                 value = getattr(source, name)
-                if _ours(value, namespace):
+                if _ours(value, namespace, module):
                     value.__module__ = namespace
                 package[name] = value  # from now on found without __getattr__
         return package

@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING
 from .._util import lazy_exports
 
 if TYPE_CHECKING:
+    from .._conversation import Sampling as Sampling
+    from .._conversation import Turn as Turn
+    from .._conversation import utterance as utterance
     from ._engines import SAMPLE_RATE as SAMPLE_RATE
     from ._engines import PhraseSplitter as PhraseSplitter
     from ._engines import code2wav as code2wav
@@ -32,11 +35,9 @@ if TYPE_CHECKING:
     from ._espeak import SpeechUnavailableError as SpeechUnavailableError
     from ._espeak import speech_available as speech_available
     from ._listen import ListenUnavailableError as ListenUnavailableError
-    from ._listen import Turn as Turn
     from ._listen import context_of as context_of
     from ._listen import listen as listen
     from ._listen import listen2thinker as listen2thinker
-    from ._listen import utterance as utterance
     from ._resample import Resampler as Resampler
     from ._vad import MIN_SPEECH_MS as MIN_SPEECH_MS
     from ._vad import FrameModel as FrameModel
@@ -54,14 +55,9 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "._engines": ["SAMPLE_RATE", "PhraseSplitter", "code2wav", "talker", "talker2code2wav"],
     "._espeak": ["ESpeak", "SpeechUnavailableError", "speech_available"],
-    "._listen": [
-        "ListenUnavailableError",
-        "Turn",
-        "context_of",
-        "listen",
-        "listen2thinker",
-        "utterance",
-    ],
+    "._listen": ["ListenUnavailableError", "context_of", "listen", "listen2thinker"],
+    # a conversational prompt: what a listening pipeline takes (and a language model)
+    ".._conversation": ["Sampling", "Turn", "utterance"],
     "._resample": ["Resampler"],
     "._vad": [
         "MIN_SPEECH_MS",

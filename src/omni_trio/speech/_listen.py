@@ -29,27 +29,20 @@ on eSpeak NG's questions it hears them as well as float32 does, a little faster 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any
 
-import attrs
 import trio
 
+from .._conversation import Turn, checked_utterance
 from ..process import ChunkIO, Engine, EngineRequest, Last, run_in_thread
 
 if TYPE_CHECKING:
     from faster_whisper import WhisperModel
 
-__all__ = [
-    "ListenUnavailableError",
-    "Turn",
-    "context_of",
-    "listen",
-    "listen2thinker",
-    "utterance",
-]
+__all__ = ["ListenUnavailableError", "context_of", "listen", "listen2thinker"]
 
 _INSTALL = "pip install 'omni-trio[voice]'"
 #: Whisper's rate: the audio is resampled to it.
@@ -57,140 +50,11 @@ _WHISPER_RATE = 16_000
 #: PCM whose every sample is smaller than this (about -54 dBFS) is silence: it is not
 #: transcribed (Whisper may hear words in near-silence).
 _SILENCE = 64
-_ROLES = ("user", "assistant")
-_KEYS = ("audio", "sample_rate", "text", "context")
 
 
 class ListenUnavailableError(RuntimeError):
     """The listen stage cannot run here: faster-whisper or its default model (the
     ``voice`` extra) is not installed. The message says how to install it."""
-
-
-class Turn(TypedDict):
-    """One turn of the conversation so far: who spoke, and what they said."""
-
-    role: Literal["user", "assistant"]
-    text: str
-
-
-@attrs.frozen
-class _Utterance:
-    """An utterance, checked: exactly one of ``audio`` and ``text``."""
-
-    audio: bytes | None
-    sample_rate: int
-    text: str | None
-    context: list[Turn]
-
-
-def utterance(
-    *,
-    audio: bytes | None = None,
-    sample_rate: int = 24_000,
-    text: str | None = None,
-    context: Sequence[Turn] = (),
-) -> dict[str, Any]:
-    """A request's input for a listening pipeline: what the user said, and the
-    conversation so far.
-
-    Give exactly one of ``audio`` (16-bit mono little-endian PCM at ``sample_rate``
-    Hz) and ``text`` (the user's words as text: they pass through as the
-    transcript). ``context``: the earlier turns, oldest first, each ``{"role":
-    "user" | "assistant", "text": ...}``.
-
-    Returns ``{"audio": bytes, "sample_rate": int, "context": [...]}`` or ``{"text":
-    str, "context": [...]}``: plain data, as the request carries it.
-
-    Raises:
-      ValueError: not exactly one of ``audio`` and ``text``, an odd number of audio
-          bytes, a rate that is not a positive integer, or a malformed turn; the
-          message names the field.
-    """
-    fields: dict[str, Any] = {"context": context}
-    if audio is not None:
-        fields["audio"] = audio
-        fields["sample_rate"] = sample_rate
-    if text is not None:
-        fields["text"] = text
-    checked = _checked(fields)
-    if checked.audio is not None:
-        return {
-            "audio": checked.audio,
-            "sample_rate": checked.sample_rate,
-            "context": checked.context,
-        }
-    return {"text": checked.text, "context": checked.context}
-
-
-def _checked(value: object) -> _Utterance:
-    """A request's input as an utterance.
-
-    Raises:
-      ValueError: it is not one (the message names what is wrong).
-    """
-    fail = _invalid
-    if isinstance(value, str):
-        return _Utterance(None, _WHISPER_RATE, value, [])
-    if not isinstance(value, Mapping):
-        raise fail(
-            "expected a dict ({'audio': PCM bytes, 'sample_rate': Hz} or {'text': str}, "
-            f"with a 'context') or a str, got {type(value).__name__}"
-        )
-    unknown = [repr(k) for k in value if k not in _KEYS]
-    if unknown:
-        keys = ", ".join(repr(k) for k in _KEYS)
-        raise fail(f"unknown key(s) {', '.join(unknown)}: the keys are {keys}")
-    if ("audio" in value) == ("text" in value):
-        raise fail(
-            "give exactly one of 'audio' and 'text', got "
-            + ("both" if "audio" in value else "neither")
-        )
-    context = _context(value.get("context", []))
-    if "text" in value:
-        text = value["text"]
-        if not isinstance(text, str):
-            raise fail(f"'text' must be a str, got {type(text).__name__}")
-        if "sample_rate" in value:
-            raise fail("'sample_rate' is the rate of 'audio': text has none")
-        return _Utterance(None, _WHISPER_RATE, text, context)
-    audio = value["audio"]
-    if not isinstance(audio, bytes | bytearray | memoryview):
-        raise fail(f"'audio' must be bytes (16-bit mono PCM), got {type(audio).__name__}")
-    audio = bytes(audio)
-    if len(audio) % 2:
-        raise fail(
-            f"'audio' must be 16-bit PCM, 2 bytes a sample, got an odd number of bytes "
-            f"({len(audio):,})"
-        )
-    if "sample_rate" not in value:
-        raise fail("'sample_rate' is missing: the rate of 'audio', in Hz")
-    rate = value["sample_rate"]
-    if type(rate) is not int or rate < 1:
-        raise fail(f"'sample_rate' must be a positive integer (Hz), got {rate!r}")
-    return _Utterance(audio, rate, None, context)
-
-
-def _invalid(message: str) -> ValueError:
-    return ValueError(f"utterance: {message}")
-
-
-def _context(turns: object) -> list[Turn]:
-    fail = _invalid
-    if not isinstance(turns, list | tuple):
-        raise fail(f"'context' must be a list of turns, got {type(turns).__name__}")
-    checked: list[Turn] = []
-    for index, turn in enumerate(turns):
-        where = f"context[{index}]"
-        if not isinstance(turn, Mapping) or set(turn) != {"role", "text"}:
-            shown = sorted(turn) if isinstance(turn, Mapping) else type(turn).__name__
-            raise fail(f"{where} must be a dict of 'role' and 'text', got {shown}")
-        role, text = turn["role"], turn["text"]
-        if role not in _ROLES:
-            raise fail(f"{where}.role must be 'user' or 'assistant', got {role!r}")
-        if not isinstance(text, str):
-            raise fail(f"{where}.text must be a str, got {type(text).__name__}")
-        checked.append({"role": role, "text": text})
-    return checked
 
 
 # -- the engine (a factory, called once in each worker) ------------------------------------
@@ -257,7 +121,7 @@ def listen(
         return "".join(words).strip()
 
     async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
-        heard = _checked(request.inputs)
+        heard = checked_utterance(request.inputs)
         if heard.audio is None:
             transcript = heard.text or ""
         else:
@@ -332,7 +196,7 @@ def context_of(prompt: Any) -> list[Turn]:
       ValueError: the prompt is not an utterance (so the request fails before any
           stage starts on it, naming what is wrong).
     """
-    return _checked(prompt).context
+    return checked_utterance(prompt).context
 
 
 def listen2thinker(outputs: list[Any]) -> str:
