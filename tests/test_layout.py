@@ -120,6 +120,8 @@ LAYERS = [
             "serve.*",
             "speech",
             "speech.*",
+            "llm",
+            "llm.*",
         },
         BELOW,
     ),
