@@ -114,6 +114,29 @@ def test_max_tokens_stops_the_answer_mid_batch_with_length():
     assert events(answer.closing())[0]["choices"][0]["finish_reason"] == "length"
 
 
+def test_a_thinker_that_keeps_to_max_tokens_is_not_cut_and_says_why_it_stopped():
+    # A language model told max_tokens stops there itself: its audio comes whole,
+    # the request completes, and its meta gives the finish reason and the usage.
+    meta = {"finish_reason": "length", "usage": {"prompt_tokens": 9, "completion_tokens": 2}}
+    answer = Answer(plan(limit=2, usage=True), "m")
+    answer.take([out(0, "a"), out(0, "b"), OrchOutput("r", 0, None, False, meta=meta)])
+    assert answer.finish is None  # not cut: the rest of the answer's audio comes
+    answer.take([out(2, b"\x01\x00"), out(2, b"\x02\x00", True, "completed")])
+    assert answer.finish == "length"  # the model's word
+    finish, usage, done = events(answer.closing())
+    assert (finish["choices"][0]["finish_reason"], done) == ("length", "[DONE]")
+    assert usage["usage"] == {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}
+
+
+def test_a_model_that_stopped_by_itself_finishes_with_stop_and_its_usage():
+    meta = {"finish_reason": "stop", "usage": {"prompt_tokens": 30, "completion_tokens": 7}}
+    answer = Answer(plan(stream=False, outputs=(TEXT,)), "m")
+    answer.take([out(0, "cold"), OrchOutput("r", 0, ".", True, "completed", meta=meta)])
+    whole = answer.whole(None)
+    assert (whole.choices[0].finish_reason, whole.choices[0].message.content) == ("stop", "cold.")
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (30, 7)
+
+
 def test_a_terminal_that_is_not_completed_leaves_the_answer_unfinished():
     answer = Answer(plan(), "m")
     answer.take([out(0, "a"), out(0, None, True, "error")])
@@ -203,3 +226,57 @@ def test_a_backlog_is_written_in_bounded_parts():
     parts = list(_parts(big))
     assert [len(part) for part in parts] == [4, 4, 2]
     assert [o for part in parts for o in part] == big
+
+
+def test_a_pipeline_that_takes_conversations_gets_the_messages_and_the_sampling():
+    from omni_trio.serve._protocol import decode_request
+
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"},
+            {"role": "tool", "content": "ignored"},
+            {"role": "user", "content": [{"type": "text", "text": "What is the opposite of hot?"}]},
+        ],
+        "temperature": 0,
+        "top_p": 0.5,
+        "max_completion_tokens": 16,
+        "seed": 3,
+        "stop": "\n",
+    }
+    request = decode_request(msgspec.json.encode(body))
+    assert Plan.of(request, (TEXT,), listens=False).prompt == "What is the opposite of hot?"
+    prompt = Plan.of(request, (TEXT,), listens=False, conversation=True).prompt
+    assert prompt == {
+        "text": "What is the opposite of hot?",
+        "context": [
+            {"role": "system", "text": "Be brief."},
+            {"role": "user", "text": "Hi"},
+            {"role": "assistant", "text": "Hello!"},
+        ],
+        "sampling": {"temperature": 0, "top_p": 0.5, "max_tokens": 16, "seed": 3, "stop": ["\n"]},
+    }
+    from omni_trio._conversation import checked_utterance
+
+    checked_utterance(prompt)  # what the stages check, it passes
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "param"),
+    [
+        ("temperature", 2.5, "temperature"),
+        ("top_p", 0, "top_p"),
+        ("seed", "x", "seed"),
+        ("stop", ["a", "b", "c", "d", "e"], "stop"),
+        ("stop", [""], "stop[0]"),
+    ],
+)
+def test_sampling_parameters_out_of_range_are_400_naming_them(field, value, param):
+    from omni_trio.serve._protocol import decode_request
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], field: value}
+    with pytest.raises(OpenAIError) as raised:
+        decode_request(msgspec.json.encode(body))
+    assert (raised.value.status, raised.value.param) == (400, param)

@@ -159,6 +159,34 @@ def test_a_typed_turn_is_answered_and_the_response_ends_told():
     assert not h.state.responses
 
 
+def test_instructions_are_the_conversations_system_turn_and_usage_the_models():
+    h = Harness()
+    h.event("session.update", session={"type": "realtime", "instructions": "Be brief."})
+    h.say("hello")
+    commands = h.event("response.create")
+    system = {"role": "system", "text": "Be brief."}
+    assert commands[-1].prompt == {"text": "hello", "context": [system]}
+    response = started(commands)
+    usage = {"prompt_tokens": 30, "completion_tokens": 5, "total_tokens": 35}
+    response.events.take([OrchOutput("r", 1, "Hi.", False, meta={"usage": usage})])
+    ended(h.state, response)
+    h.say("again")  # a response's own instructions stand for the session's, for it alone
+    commands = h.event("response.create", response={"instructions": "Be long."})
+    prompt = commands[-1].prompt
+    assert prompt["context"][0] == {"role": "system", "text": "Be long."}
+    assert prompt["context"][1:] == [
+        {"role": "user", "text": "hello"},
+        {"role": "assistant", "text": "Hi."},
+    ]
+    assert response.events.view("completed")["usage"] == {
+        "total_tokens": 35,
+        "input_tokens": 30,
+        "output_tokens": 5,
+        "input_token_details": {"text_tokens": 30, "audio_tokens": 0, "cached_tokens": 0},
+        "output_token_details": {"text_tokens": 5, "audio_tokens": 0},
+    }
+
+
 def test_one_response_at_a_time():
     h = Harness()
     h.say("hello")

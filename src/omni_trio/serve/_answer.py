@@ -65,10 +65,15 @@ class Plan:
 
     @classmethod
     def of(
-        cls, request: ChatCompletionRequest, outputs: tuple[FinalOutput, ...], *, listens: bool
+        cls,
+        request: ChatCompletionRequest,
+        outputs: tuple[FinalOutput, ...],
+        *,
+        listens: bool,
+        conversation: bool = False,
     ) -> Plan:
         return cls(
-            prompt=request.prompt(listens=listens),
+            prompt=request.prompt(listens=listens, conversation=conversation),
             outputs=outputs,
             stream=request.stream,
             include_usage=request.stream_options is not None
@@ -139,6 +144,9 @@ class Answer:
         self._max_kept = max_whole_bytes
         self._kept = 0  # bytes in _text and _audio
         self._tokens = 0
+        #: What the text stage said of its answer (a language model's usage and why
+        #: it stopped: its completion's meta), once it has.
+        self._meta: dict[str, Any] | None = None
 
     @property
     def done(self) -> bool:
@@ -147,8 +155,11 @@ class Answer:
 
     def take(self, batch: list[OrchOutput]) -> bytes:
         """Take a batch of the request's outputs, in order; return their SSE events
-        (nothing when not streaming). Stops at the terminal, or at ``max_tokens``
-        (:attr:`finish` is then ``"length"``: the rest of the batch is not taken).
+        (nothing when not streaming). Stops at the terminal, or at a text output
+        beyond ``max_tokens`` (:attr:`finish` is then ``"length"``: it and the rest
+        of the batch are not taken) -- a thinker that keeps to ``max_tokens`` itself
+        (a language model, told it in the prompt) is never cut: its request
+        completes, its audio whole, and the model says why it stopped.
 
         Raises:
           OpenAIError: 500, an output the API cannot carry (audio that is not bytes);
@@ -159,21 +170,23 @@ class Answer:
         limit = self._plan.token_limit
         for output in batch:
             if output.data is not None and output.finish_reason in (None, "completed"):
-                self._on_output(output.stage_id)
                 final = self._by_stage[output.stage_id]
                 if final.modality == "text":
+                    if limit is not None and self._tokens >= limit:
+                        self.finish = "length"
+                        break
                     value = self._take_text(output.data)
                 else:
                     value = self._take_audio(output.data, final)
+                self._on_output(output.stage_id)
                 if stream:
                     before, after = self._template(final.modality)
                     parts += (before, value, after)
-            if output.finished:  # always the last
-                if output.finish_reason == "completed":
-                    self.finish = "stop"
-            elif limit is not None and self._tokens >= limit:
-                self.finish = "length"
-                break
+            if output.meta is not None and self._by_stage[output.stage_id].modality == "text":
+                self._meta = output.meta
+            if output.finished and output.finish_reason == "completed":  # always the last
+                said = None if self._meta is None else self._meta.get("finish_reason")
+                self.finish = said if said in ("stop", "length") else "stop"
         return b"".join(parts)
 
     def _take_text(self, data: object) -> bytes:
@@ -250,11 +263,18 @@ class Answer:
         return b"data: " + encode(chunk) + b"\n\n"
 
     def _usage(self) -> Usage:
+        """The model's own token counts, where its text stage said them (its
+        completion's ``meta``); else words of the prompt and text outputs."""
+        usage = None if self._meta is None else self._meta.get("usage")
+        if isinstance(usage, dict):
+            prompt_tokens = int(usage.get("prompt_tokens", 0))
+            completion = int(usage.get("completion_tokens", 0))
+            return Usage(prompt_tokens, completion, prompt_tokens + completion)
         prompt = self._plan.prompt
         if isinstance(prompt, dict):
             prompt = prompt.get("text") or ""
-        prompt = len(str(prompt).split())
-        return Usage(prompt, self._tokens, prompt + self._tokens)
+        words = len(str(prompt).split())
+        return Usage(words, self._tokens, words + self._tokens)
 
     def closing(self) -> bytes:
         """The end of a streamed answer: the finish chunk, the usage chunk if asked

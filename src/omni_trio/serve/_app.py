@@ -161,7 +161,12 @@ def create_app(
                 code="model_not_found",
             )
         outputs = model.select(chat_request.modalities)
-        return Plan.of(chat_request, outputs, listens=model.hearing is not None)
+        return Plan.of(
+            chat_request,
+            outputs,
+            listens=model.hearing is not None,
+            conversation=model.takes_utterances,
+        )
 
     class Chat:
         """The chat endpoint, as a plain ASGI app (Starlette calls it as it is): it

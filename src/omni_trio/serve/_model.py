@@ -54,10 +54,16 @@ class ServedModel:
     Attributes:
       name: The ``model`` clients ask for (a config's ``[pipeline].name``).
       outputs: The pipeline's final stages, each with its modality.
+      conversation: Whether a request's prompt is an utterance (the user's turn, the
+          conversation before it and the request's sampling: a config's
+          ``[pipeline] prompt = "conversation"``), rather than the last user
+          message's text. A model that hears (see :attr:`hearing`) always takes
+          one.
     """
 
     name: str
     outputs: tuple[FinalOutput, ...] = attrs.field(converter=_as_tuple)
+    conversation: bool = False
 
     def __attrs_post_init__(self) -> None:
         if not self.answers:
@@ -72,7 +78,7 @@ class ServedModel:
             for s in config.stages
             if s.final_output
         )
-        return cls(config.pipeline.name, outputs)
+        return cls(config.pipeline.name, outputs, config.prompt == "conversation")
 
     @property
     def modalities(self) -> list[Modality]:
@@ -84,6 +90,12 @@ class ServedModel:
     def answers(self) -> tuple[FinalOutput, ...]:
         """The final outputs that make an answer: all but transcripts."""
         return tuple(o for o in self.outputs if o.modality != "transcript")
+
+    @property
+    def takes_utterances(self) -> bool:
+        """Whether a request's prompt is an utterance: the model hears, or its
+        pipeline says so (:attr:`conversation`)."""
+        return self.conversation or self.hearing is not None
 
     @property
     def hearing(self) -> FinalOutput | None:

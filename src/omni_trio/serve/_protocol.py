@@ -2,7 +2,9 @@
 
 Requests are decoded strictly where it matters (types, ranges, the content part
 types we understand) and leniently where OpenAI clients send more than we use:
-unknown top-level fields (``temperature``, ``user``...) are accepted and ignored.
+unknown top-level fields (``user``, ``n``...) are accepted and ignored; the sampling
+parameters (``temperature``, ``top_p``, ``max_tokens``, ``seed``, ``stop``) travel in
+the prompt of a pipeline that takes conversations, checked as OpenAI checks them.
 Responses are structs too, encoded with every field OpenAI documents present
 (``null`` where it has no value), except a chunk's ``delta``, which carries only what
 it has, as OpenAI's do.
@@ -168,6 +170,12 @@ class InputAudioPart(msgspec.Struct, tag_field="type", tag="input_audio"):
             ) from None
 
 
+#: The roles of an utterance's context, by the chat roles that become them.
+_TURN_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+#: OpenAI's bound on ``stop``: up to 4 strings.
+_STOPS = msgspec.Meta(min_length=1, max_length=4)
+
+
 class ChatMessage(msgspec.Struct):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart | InputAudioPart] | None = None
@@ -205,17 +213,34 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     stream_options: StreamOptions | None = None
     max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
     max_completion_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
+    seed: int | None = None
+    stop: str | Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]], _STOPS] | None = None
 
     @property
     def token_limit(self) -> int | None:
         """``max_completion_tokens``, or the older ``max_tokens``."""
         return self.max_completion_tokens or self.max_tokens
 
-    def prompt(self, *, listens: bool = False) -> Any:
+    def sampling(self) -> dict[str, Any]:
+        """The request's sampling parameters, as an utterance carries them
+        (``omni_trio.speech.Sampling``): those it gives."""
+        given = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.token_limit,
+            "seed": self.seed,
+            "stop": [self.stop] if isinstance(self.stop, str) else self.stop or None,
+        }
+        return {key: value for key, value in given.items() if value is not None}
+
+    def prompt(self, *, listens: bool = False, conversation: bool = False) -> Any:
         """What the pipeline's first stage gets: the text of the last user message;
-        for a pipeline that listens, an utterance (``omni_trio.speech.utterance``'s
-        shape): the last user message's audio (or text), and the messages before
-        it as context.
+        for a pipeline that listens, or takes conversations, an utterance
+        (``omni_trio.speech.utterance``'s shape): the last user message's audio (a
+        pipeline that listens) or text, the messages before it as context (system
+        and developer messages as system turns), and the request's sampling.
 
         Raises:
           OpenAIError: 400: no user message, one with nothing in it, audio for a
@@ -237,19 +262,21 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
                 continue
             text = message.text()
             parts = message.audio_parts()
-            if not listens:
+            if not (listens or conversation):
                 if not text.strip():
                     raise OpenAIError(400, "the last user message has no text", param="messages")
                 return text
             context = [
-                {"role": m.role, "text": m.text()}
+                {"role": _TURN_ROLES[m.role], "text": m.text()}
                 for m in self.messages[:index]
-                if m.role in ("user", "assistant") and m.text().strip()
+                if m.role in _TURN_ROLES and m.text().strip()
             ]
+            sampling = self.sampling()
+            said: dict[str, Any] = {"sampling": sampling} if sampling else {}
             if not parts:
                 if not text.strip():
                     raise OpenAIError(400, "the last user message has no text", param="messages")
-                return {"text": text, "context": context}
+                return {"text": text, "context": context, **said}
             if text.strip():  # text beside the audio: said just before it
                 context.append({"role": "user", "text": text})
             pcm, rate = b"", None
@@ -263,7 +290,7 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
                         param=where,
                     )
                 pcm, rate = pcm + data, part_rate
-            return {"audio": pcm, "sample_rate": rate, "context": context}
+            return {"audio": pcm, "sample_rate": rate, "context": context, **said}
         raise OpenAIError(400, "messages has no message with role 'user'", param="messages")
 
 

@@ -263,6 +263,8 @@ class ResponseEvents:
         self._text: list[str] = []  # the answer's, as made
         self._audio_sent = 0
         self._over = False  # done: the answer's text is known
+        #: The model's token counts, where its text stage said them (its meta).
+        self._usage: dict[str, Any] | None = None
 
     @property
     def stage_ids(self) -> frozenset[int]:
@@ -278,7 +280,23 @@ class ResponseEvents:
             "output_modalities": [self.modality],
             "output": [] if status == "in_progress" else [self.answer.view(_item_status(status))],
             "conversation_id": None,
-            "usage": None,
+            "usage": self._usage_view(),
+        }
+
+    def _usage_view(self) -> dict[str, Any] | None:
+        """``response.usage``, as OpenAI's Realtime API shapes it: the model's own
+        counts (all of them text tokens), where it said them."""
+        usage = self._usage
+        if usage is None:
+            return None
+        prompt = int(usage.get("prompt_tokens", 0))
+        answer = int(usage.get("completion_tokens", 0))
+        return {
+            "total_tokens": prompt + answer,
+            "input_tokens": prompt,
+            "output_tokens": answer,
+            "input_token_details": {"text_tokens": prompt, "audio_tokens": 0, "cached_tokens": 0},
+            "output_token_details": {"text_tokens": answer, "audio_tokens": 0},
         }
 
     def created(self, previous_item_id: str | None) -> list[str]:
@@ -307,6 +325,11 @@ class ResponseEvents:
         """A batch of the request's outputs as events (the terminal's data too)."""
         events = []
         for output in batch:
+            meta = output.meta
+            if meta is not None and isinstance(meta.get("usage"), dict):
+                final = self._outputs.get(output.stage_id)
+                if final is not None and final.modality == "text":
+                    self._usage = meta["usage"]
             if output.data is None or output.finish_reason not in (None, "completed"):
                 continue
             final = self._outputs.get(output.stage_id)

@@ -136,7 +136,9 @@ class SessionConfig(msgspec.Struct, kw_only=True):
     type: str = "realtime"
     output_modalities: list[Modality] | UnsetType = UNSET
     audio: AudioConfig | UnsetType = UNSET
-    instructions: str | UnsetType = UNSET  # accepted and kept, not used
+    #: the system turn of every response's conversation (a model that takes
+    #: utterances reads it; a text model does not)
+    instructions: str | UnsetType = UNSET
 
 
 class SessionUpdate(msgspec.Struct, tag="session.update", tag_field="type", kw_only=True):
@@ -209,7 +211,7 @@ class ConversationItemTruncate(
 
 class ResponseParams(msgspec.Struct, kw_only=True):
     output_modalities: list[Modality] | None = None
-    instructions: str | None = None  # accepted, not used
+    instructions: str | None = None  # this response's, instead of the session's
 
 
 class ResponseCreate(msgspec.Struct, tag="response.create", tag_field="type", kw_only=True):

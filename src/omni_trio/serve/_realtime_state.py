@@ -503,7 +503,8 @@ class SessionState:
                     event_id=event.event_id,
                     param="response.output_modalities",
                 )
-        self.response = self._start(turn, modality)
+        instructions = None if params is None else params.instructions
+        self.response = self._start(turn, modality, instructions=instructions)
 
     def _cancel_response(self, event: ResponseCancel) -> None:
         response = self.response
@@ -526,7 +527,12 @@ class SessionState:
     # -- responses ----------------------------------------------------------------------
 
     def _start(
-        self, turn: Item, modality: Literal["audio", "text"], held: bool = False
+        self,
+        turn: Item,
+        modality: Literal["audio", "text"],
+        held: bool = False,
+        *,
+        instructions: str | None = None,
     ) -> Response:
         model = self._model
         self._ids += 1
@@ -549,16 +555,23 @@ class SessionState:
         self.trace("response_started", response.events.id)
         if not held:
             self._announce(response)
-        self._commands.append(Start(response, self._prompt(turn)))
+        prompt = self._prompt(turn, self._instructions if instructions is None else instructions)
+        self._commands.append(Start(response, prompt))
         return response
 
-    def _prompt(self, turn: Item) -> Any:
+    def _prompt(self, turn: Item, instructions: str) -> Any:
+        """The response's request: for a model that takes utterances, the turn (its
+        audio, or its text), the conversation before it, and the instructions (the
+        session's, or the response's own) as the first, system, turn; for one that
+        takes text, the turn's text."""
+        if not self._model.takes_utterances:
+            return turn.text or ""
         context = self._conversation.context(turn)
+        if instructions.strip():
+            context.insert(0, {"role": "system", "text": instructions})
         if turn.audio is not None:
             return {"audio": turn.audio, "sample_rate": SAMPLE_RATE, "context": context}
-        if self._model.hearing is not None:
-            return {"text": turn.text or "", "context": context}
-        return turn.text or ""
+        return {"text": turn.text or "", "context": context}
 
     def _promote(self, response: Response) -> None:
         """The turn is over: the speculation becomes the response, and what it held
