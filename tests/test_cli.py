@@ -238,6 +238,18 @@ BAD_ARGUMENTS = [
         if importlib.util.find_spec("ray")
         else [("bench --only ray", "omni-trio bench: --only ray needs Ray, which is not installed")]
     ),
+    *(
+        []
+        if importlib.util.find_spec("xllamacpp")
+        else [
+            (
+                "run llm.toml --prompt hi",
+                "omni-trio run: the stage0 stage of llm.toml needs xllamacpp (llama.cpp), which "
+                "is not installed: pip install 'omni-trio[llm]'",
+            ),
+            ("serve llm.toml", "omni-trio serve: the stage0 stage of llm.toml needs xllamacpp"),
+        ]
+    ),
     ("", "omni-trio: the following arguments are required: COMMAND"),
     ("serv", "omni-trio: argument COMMAND: invalid choice: 'serv'"),
     ("serve --port 70000", "omni-trio serve: --port must be a port number 0-65535, got 70000"),
@@ -260,6 +272,9 @@ def test_a_bad_argument_is_one_line_and_status_2_before_anything_starts(tmp_path
         '[[stages]]\nstage_id = 0\nengine = "m:f"\nfinal_output = true\n'
     )
     (tmp_path / "bad.toml").write_text("[[stages]]\nstage_id = 0\n")
+    (tmp_path / "llm.toml").write_text(
+        '[[stages]]\nstage_id = 0\nengine = "omni_trio.llm:llama_cpp"\nfinal_output = true\n'
+    )
     with socket.socket() as busy:  # a port in use, for `serve --port`
         busy.bind(("127.0.0.1", 0))
         busy.listen()

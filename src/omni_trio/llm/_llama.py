@@ -229,6 +229,7 @@ def _load(path: Path, n_parallel: int, n_ctx: int, threads: int) -> Any:
     params.cpuparams.n_threads = threads
     params.cpuparams_batch.n_threads = threads
     params.verbosity = -1  # llama.cpp logs nothing
+    params.endpoint_metrics = True  # its counters (handle_metrics), for who looks
     try:
         return xllamacpp.Server(params)
     except Exception as exc:
