@@ -269,7 +269,7 @@ def test_a_pipeline_that_takes_conversations_gets_the_messages_and_the_sampling(
         ("temperature", 2.5, "temperature"),
         ("top_p", 0, "top_p"),
         ("seed", "x", "seed"),
-        ("seed", 2**64, "seed"),
+        ("seed", 2**63, "seed"),
         ("stop", ["a", "b", "c", "d", "e"], "stop"),
         ("stop", [""], "stop[0]"),
     ],

@@ -60,7 +60,7 @@ class Sampling(TypedDict, total=False):
       temperature: 0 (greedy: the same answer every time) to 2.
       top_p: Nucleus sampling's share, above 0 and at most 1.
       max_tokens: The answer's length at most, in the model's tokens.
-      seed: The sampler's seed.
+      seed: The sampler's seed (a 64-bit signed integer, as OpenAI's).
       stop: Up to 4 strings; the answer ends before the first it would contain.
     """
 
@@ -249,7 +249,7 @@ def check_sampling(value: object, fail: Any = _invalid) -> Sampling:
         given = value.get(key)
         if given is None:
             continue
-        if type(given) is not int or given < low or given >= 2**64:
+        if type(given) is not int or given < low or given >= 2**63:
             what = "a positive integer" if low == 1 else "an integer"
             raise fail(f"sampling.{key} must be {what}, got {given!r}")
         checked[key] = given  # type: ignore[literal-required]

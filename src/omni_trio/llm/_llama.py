@@ -42,6 +42,8 @@ _SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: The answer to a turn with no words in it (the listen stage heard nothing): the
 #: model is not asked.
 NOTHING_HEARD = "Sorry, I did not hear anything."
+#: llama.cpp's "a random seed": a request's own seed is folded below it.
+_RANDOM_SEED = 0xFFFFFFFF
 
 
 class LanguageModelUnavailableError(RuntimeError):
@@ -200,6 +202,8 @@ def llama_cpp(
 def _body(chat: Chat, turn: str, defaults: Sampling, system: str | None) -> dict[str, Any]:
     """The ``/v1/chat/completions`` request llama.cpp is asked."""
     sampling: dict[str, Any] = {**defaults, **chat.sampling}
+    if "seed" in sampling:  # llama.cpp's is 32 bits, and 0xFFFFFFFF means "random"
+        sampling["seed"] %= _RANDOM_SEED
     return {
         "messages": messages_of(chat.context, turn, system),
         "stream": True,

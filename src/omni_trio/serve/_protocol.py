@@ -215,7 +215,7 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     max_completion_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
     temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
-    seed: Annotated[int, msgspec.Meta(ge=-(2**63), lt=2**64)] | None = None
+    seed: Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)] | None = None
     stop: str | Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]], _STOPS] | None = None
 
     @property
