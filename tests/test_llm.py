@@ -48,7 +48,7 @@ ANSWERS = {
 }
 ASSISTANT = shipped_pipeline("assistant")
 SYSTEM = next(s for s in ASSISTANT.stages if s.name == "thinker").engine_args["system"]
-SETTINGS = {"temperature": 0.0, "max_tokens": 32, "threads": 2, "system": SYSTEM}
+SETTINGS = {"temperature": 0.0, "max_tokens": 32, "threads": 1, "system": SYSTEM}
 
 
 @asynccontextmanager
@@ -165,7 +165,7 @@ async def test_a_cancelled_request_stops_at_its_next_token_and_frees_its_slot(se
     stopped it: no slot busy, no token generated after; the one slot then answers
     the next request."""
     engine = await trio.to_thread.run_sync(
-        partial(llama_cpp, n_parallel=1, max_tokens=2000, temperature=0.0, threads=2)
+        partial(llama_cpp, n_parallel=1, max_tokens=2000, temperature=0.0, threads=1)
     )
     [server] = servers
     story = EngineRequest("long", "Write a very long story about the sea.", 0)

@@ -118,8 +118,12 @@ def llama_cpp(
           step; more wait, in order.
       n_ctx: Tokens of context each request may use, prompt and answer together
           (the model holds ``n_parallel * n_ctx`` tokens of cache).
-      threads: CPU threads the model computes on; ``None``: the machine's cores,
-          at most 4.
+      threads: CPU threads the model computes on; ``None``: half the machine's
+          cores (at least 1, at most 4). llama.cpp's threads wait for each other at
+          every step, so one that loses its core -- to another stage's worker, to
+          the orchestrator -- stalls them all: on 2 cores with one other busy
+          process, 2 threads made 9 tokens/s where 1 made 53. Give the model all
+          the cores only where nothing else runs.
       max_tokens, temperature, top_p, seed, stop: How to answer, where a request
           does not say (its ``sampling``, see :class:`omni_trio.speech.Sampling`);
           ``seed=None``: a random one per request.
@@ -163,7 +167,8 @@ def llama_cpp(
     )
     if system is not None and not isinstance(system, str):
         raise ValueError(f"system must be a str, got {type(system).__name__}")
-    server = _load(_gguf(model), n_parallel, n_ctx, threads or min(4, os.cpu_count() or 1))
+    threads = threads or max(1, min(4, (os.cpu_count() or 2) // 2))
+    server = _load(_gguf(model), n_parallel, n_ctx, threads)
     slots = trio.CapacityLimiter(n_parallel)
 
     async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
