@@ -39,6 +39,16 @@ def test_the_demo_thinks_with_the_model_when_it_is_installed(tmp_path, capsys):
     expected = len(ESpeak.get().synthesize(answer)) / 2
     with wave.open(str(output)) as wav:
         assert wav.getnframes() == pytest.approx(expected, rel=0.3)
+        pcm, rate = wav.readframes(wav.getnframes()), wav.getframerate()
+    if importlib.util.find_spec("faster_whisper") is None:
+        return
+    # And it says those words: Whisper, hearing the WAV, writes the text the model
+    # streamed (the llm session has the voice extra).
+    from test_voice import whisper
+    from voice_helpers import recall
+
+    heard = trio.run(whisper, pcm, rate)
+    assert recall(answer, heard) >= 0.6, (answer, heard)
 
 
 def test_the_report_names_the_model_and_counts_its_tokens(tmp_path):
