@@ -87,7 +87,7 @@ class Script:
 
     async def _aborted(self, stage_id: int, rid: str) -> None:
         self.aborts[rid].add(stage_id)
-        if len(self.aborts[rid]) == 3:
+        if self.aborts[rid] >= {1, 2}:
             self.aborted.set()
         await trio.lowlevel.checkpoint()
 
@@ -115,8 +115,9 @@ class Script:
             return
 
     def fully_aborted(self) -> list[str]:
-        """The requests every stage was told to abort."""
-        return [rid for rid, stages in self.aborts.items() if stages == {0, 1, 2}]
+        """The requests every stage still running them was told to abort (the
+        thinker and code2wav: the listen stage finished first)."""
+        return [rid for rid, stages in self.aborts.items() if stages >= {1, 2}]
 
 
 @attrs.define

@@ -24,7 +24,7 @@ from processes import worker_processes
 PACKAGE = Path(omni_trio.__file__).parent
 TOOLS = PACKAGE.parents[1] / "tools"
 
-FOUNDATIONS = {"_util", "_checks", "_errors", "_messages"}
+FOUNDATIONS = {"_util", "_checks", "_errors", "_messages", "_graph"}
 #: omni_trio.testing's simulator (its _scripted stage is a driver's).
 SIMULATION = [
     "_engines", "_faults", "_invariants", "_network", "_scheduler",

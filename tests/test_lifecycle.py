@@ -168,7 +168,8 @@ class TestFaultMatrix:
             assert (out.finish_reason, out.stage_id) == ("error", 1)
             assert out.error == "stage 1 sent nothing for 2 s (stage_idle_timeout)"
             await trio.testing.wait_all_tasks_blocked()
-            assert [s.aborts for s in stages] == [["r"]] * 3
+            # stage 0 had finished the request: only the stages still running it
+            assert [s.aborts for s in stages] == [[], ["r"], ["r"]]
 
     async def test_watchdog_spares_stages_that_keep_talking(self, autojump_clock):
         stages = pipeline(2)

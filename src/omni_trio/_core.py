@@ -22,12 +22,14 @@ import attrs
 import msgspec
 
 from ._checks import check_positive_int, check_seconds
+from ._graph import Route, StageGraph, stage_ids
 from ._messages import OrchOutput, RequestMetrics, StageOutput
 from ._util import SIZELESS_TYPES, describe, output_size, stage_label
 
 __all__ = [
     "MAX_FORWARD_BYTES",
     "ForwardFn",
+    "InputFn",
     "Mode",
     "OrchestratorCore",
     "PrewarmFn",
@@ -48,7 +50,11 @@ Mode = Literal["forward", "async_chunk"]
 PrewarmFn: TypeAlias = Callable[[int, Any], Any]
 """``prewarm_fn(stage_id, prompt) -> placeholder input`` for stage ``stage_id``."""
 ForwardFn: TypeAlias = Callable[[int, list[Any]], Any]
-"""``forward_fn(stage_id, outputs) -> input for stage_id + 1``."""
+"""``forward_fn(stage_id, outputs) -> input for the stages that read stage_id``: the
+shorthand of :data:`InputFn` for stages that read one stage each."""
+InputFn: TypeAlias = Callable[[int, dict[int, list[Any]]], Any]
+"""``input_fn(stage_id, outputs) -> input for stage_id``, where ``outputs[k]`` is
+what stage ``k``, one of its inputs on the request's route, sent (forward mode)."""
 
 
 @attrs.frozen
@@ -60,6 +66,8 @@ class StageSubmit:
     inputs: Any
     seq: int
     """Admission number of the request; tells a reused request id's lives apart."""
+    route: Route | None = attrs.field(default=None, eq=False)
+    """The request's route (which stages it runs, and which read which)."""
 
 
 @attrs.frozen
@@ -105,15 +113,19 @@ class ReqState:
     """What the orchestrator knows about one in-flight request.
 
     Attributes:
-      final_stage_ids: This request's user-facing stages (a subset of the pipeline's).
-      last_stage: ``max(final_stage_ids)``; later stages are never submitted.
-      submitted: Stages the request was submitted to (async_chunk: all of
-          ``0..last_stage``, marked at admission before any submit is issued).
+      route: The stages the request runs (its entries, its finals, every stage on
+          a path between them) and which of them reads which; no other stage is
+          ever submitted.
+      final_stage_ids: This request's user-facing stages (``route.finals``, a subset
+          of the pipeline's).
+      last_stage: ``max(final_stage_ids)``: the stage an ``"aborted"`` terminal names.
+      submitted: Stages the request was submitted to (async_chunk: every stage of
+          its route, marked at admission before any submit is issued).
       finished: Stages that reported ``finished=True`` for the request.
       pending_final: The already-built ``"completed"`` terminal, held until every
           submitted stage has finished.
-      forward_data: forward mode only: non-``None`` data per stage, kept until the
-          stage finishes and ``forward_fn`` turns it into the next stage's input.
+      forward_data: forward mode only: non-``None`` data per stage, kept until
+          every stage that reads it on the route was submitted.
       forward_bytes: forward mode only: the bytes of the data in ``forward_data``
           (see :func:`omni_trio._util.output_size`), bounded by ``max_forward_bytes``.
       last_heard: Per submitted stage, when it was submitted or last sent an output
@@ -124,39 +136,30 @@ class ReqState:
 
     request_id: str
     seq: int
-    final_stage_ids: frozenset[int]
-    last_stage: int
+    route: Route
     arrival: float
+    final_stage_ids: frozenset[int] = attrs.field(init=False)
+    last_stage: int = attrs.field(init=False)
     submitted: set[int] = attrs.field(factory=set)
     finished: set[int] = attrs.field(factory=set)
     pending_final: OrchOutput | None = None
     forward_data: dict[int, list[Any]] = attrs.field(factory=dict)
     forward_bytes: int = 0
+    forward_sizes: dict[int, int] = attrs.field(factory=dict)
     last_heard: dict[int, float] = attrs.field(factory=dict)
     submit_times: dict[int, float] = attrs.field(factory=dict)
     first_output: dict[int, float] = attrs.field(factory=dict)
     finish_times: dict[int, float] = attrs.field(factory=dict)
     num_outputs: int = 0
 
+    def __attrs_post_init__(self) -> None:
+        self.final_stage_ids = self.route.finals
+        self.last_stage = self.route.last_stage
+
 
 def validate_final_stage_ids(final_stage_ids: Iterable[int], num_stages: int) -> frozenset[int]:
     """Check that ``final_stage_ids`` is a non-empty set of valid stage indexes."""
-    if isinstance(final_stage_ids, (str, bytes)) or not isinstance(final_stage_ids, Iterable):
-        raise TypeError(
-            f"final_stage_ids must be a collection of stage indexes, got {final_stage_ids!r}"
-        )
-    finals = frozenset(final_stage_ids)
-    if not finals:
-        raise ValueError("final_stage_ids must name at least one stage")
-    for sid in sorted(finals, key=repr):
-        if not isinstance(sid, int) or isinstance(sid, bool):
-            raise TypeError(f"final_stage_ids must hold stage indexes (int), got {sid!r}")
-        if not 0 <= sid < num_stages:
-            raise ValueError(
-                f"final_stage_ids contains {sid}, but the pipeline has {num_stages} "
-                f"stage{'s' if num_stages != 1 else ''} (valid indexes: 0..{num_stages - 1})"
-            )
-    return finals
+    return stage_ids("final_stage_ids", final_stage_ids, num_stages)
 
 
 class OrchestratorCore:
@@ -164,9 +167,12 @@ class OrchestratorCore:
 
     Args:
       num_stages: How many stages the pipeline has.
-      final_stage_ids: The user-facing stages; ``last_stage = max(final_stage_ids)``
-          and stages after it are never submitted.
+      final_stage_ids: The user-facing stages: a request's default finals.
+      graph: Which stage reads which (a :class:`~omni_trio._graph.StageGraph`, or
+          per stage the indexes of the stages it reads); ``None``: a line, stage
+          ``k`` reading stage ``k - 1``.
       forward_fn: Selects forward mode (see :data:`ForwardFn`).
+      input_fn: Selects forward mode too, for graphs (see :data:`InputFn`).
       prewarm_fn: Selects async_chunk mode (see :data:`PrewarmFn`).
       stage_idle_timeout: If not ``None``, a submitted stage that sends nothing for a
           request for this many seconds ends the request (see :meth:`expire`).
@@ -175,7 +181,7 @@ class OrchestratorCore:
       max_forward_bytes: forward mode: a request whose stage's collected data (the
           next stage's ``forward_fn`` input) grows over this many bytes fails.
 
-    Exactly one of ``forward_fn`` and ``prewarm_fn`` must be given.
+    Exactly one of ``forward_fn``, ``input_fn`` and ``prewarm_fn`` must be given.
 
     Time is an input: the driver sets :attr:`now` (its clock's current time) before it
     feeds events; it stamps metrics and arms the watchdog.
@@ -186,7 +192,9 @@ class OrchestratorCore:
         num_stages: int,
         final_stage_ids: Iterable[int],
         *,
+        graph: StageGraph | Sequence[Iterable[int]] | None = None,
         forward_fn: ForwardFn | None = None,
+        input_fn: InputFn | None = None,
         prewarm_fn: PrewarmFn | None = None,
         stage_idle_timeout: float | None = None,
         stage_names: Sequence[str | None] | None = None,
@@ -195,11 +203,17 @@ class OrchestratorCore:
     ) -> None:
         if not isinstance(num_stages, int) or num_stages < 1:
             raise ValueError(f"a pipeline needs at least one stage, got {num_stages!r}")
-        if (forward_fn is None) == (prewarm_fn is None):
+        given = [fn for fn in (forward_fn, input_fn, prewarm_fn) if fn is not None]
+        if len(given) != 1:
             raise ValueError(
-                "give exactly one of forward_fn (forward mode) and prewarm_fn (async_chunk mode)"
+                "give exactly one of forward_fn or input_fn (forward mode) and prewarm_fn "
+                "(async_chunk mode)"
             )
-        for name, fn in (("forward_fn", forward_fn), ("prewarm_fn", prewarm_fn)):
+        for name, fn in (
+            ("forward_fn", forward_fn),
+            ("input_fn", input_fn),
+            ("prewarm_fn", prewarm_fn),
+        ):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be callable, got {fn!r}")
         check_seconds("stage_idle_timeout", stage_idle_timeout, positive=True, optional=True)
@@ -208,7 +222,22 @@ class OrchestratorCore:
         self.num_stages = num_stages
         self.final_stage_ids = validate_final_stage_ids(final_stage_ids, num_stages)
         self.last_stage = max(self.final_stage_ids)
-        self.mode: Mode = "forward" if forward_fn is not None else "async_chunk"
+        if graph is None:
+            graph = StageGraph.linear(num_stages)
+        elif not isinstance(graph, StageGraph):
+            graph = StageGraph.of(graph)
+        if graph.num_stages != num_stages:
+            raise ValueError(
+                f"the stage graph has {graph.num_stages} stages, the pipeline {num_stages}"
+            )
+        #: Which stage reads which.
+        self.graph = graph
+        #: The route of a request that names neither its entries nor its finals.
+        self.default_route = graph.route(finals=self.final_stage_ids)
+        self._routes: dict[tuple[frozenset[int] | None, frozenset[int] | None], Route] = {}
+        self.mode: Mode = "async_chunk" if prewarm_fn is not None else "forward"
+        if forward_fn is not None:
+            input_fn = _from_forward_fn(forward_fn)
         self.stage_idle_timeout = stage_idle_timeout
         names = list(stage_names or ())[:num_stages]
         names += [None] * (num_stages - len(names))
@@ -219,7 +248,7 @@ class OrchestratorCore:
         #: Per stage: ``None`` while alive, else why it died (its cause, as the stage
         #: or its reader said it: ``exited with status 3``).
         self.stage_deaths: list[str | None] = [None] * num_stages
-        self._forward_fn = forward_fn
+        self._input_fn = input_fn
         self._prewarm_fn = prewarm_fn
         self._requests: dict[str, ReqState] = {}
         self._outputs: list[OrchOutput] = []
@@ -281,65 +310,120 @@ class OrchestratorCore:
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in flight")
 
+    def request_route(
+        self,
+        entry_stage_ids: Iterable[int] | None = None,
+        final_stage_ids: Iterable[int] | None = None,
+    ) -> Route:
+        """A request's route: from ``entry_stage_ids`` (``None``: the graph's sources
+        that reach its finals) to ``final_stage_ids`` (``None``: the pipeline's final
+        stages that its entries reach).
+
+        Raises:
+          TypeError, ValueError: not collections of stage indexes; finals that are not
+              a subset of the pipeline's; a final that no entry reaches; an entry that
+              reaches no final.
+        """
+        if entry_stage_ids is None and final_stage_ids is None:
+            return self.default_route
+        try:
+            key = (
+                None if entry_stage_ids is None else frozenset(entry_stage_ids),
+                None if final_stage_ids is None else frozenset(final_stage_ids),
+            )
+            route = self._routes.get(key)
+        except TypeError:  # unhashable: the graph says what is wrong
+            key, route = None, None
+        if route is not None:
+            return route
+        graph = self.graph
+        if final_stage_ids is not None:
+            finals = validate_final_stage_ids(final_stage_ids, self.num_stages)
+            if not finals <= self.final_stage_ids:
+                raise ValueError(
+                    f"a request's final_stage_ids must be a subset of the pipeline's "
+                    f"final stages {sorted(self.final_stage_ids)}, got {sorted(finals)}"
+                )
+        if entry_stage_ids is None:
+            assert final_stage_ids is not None
+            # The sources that lead to these finals (the others have nothing to do).
+            entries = [sid for sid in sorted(graph.sources) if _reaches(graph, sid, finals)]
+            route = graph.route(entries, finals)
+        else:
+            route = graph.route(
+                entry_stage_ids, final_stage_ids, allowed_finals=self.final_stage_ids
+            )
+        if key is not None and len(self._routes) < _MAX_ROUTES:
+            self._routes[key] = route
+        return route
+
     def request_finals(self, final_stage_ids: Iterable[int] | None) -> frozenset[int]:
         """Validate a request's own final stages (``None``: the pipeline's).
 
         Raises:
           TypeError, ValueError: not a non-empty subset of the pipeline's final stages.
         """
-        if final_stage_ids is None or final_stage_ids is self.final_stage_ids:
-            return self.final_stage_ids  # (the second: already checked, by the dispatcher)
-        finals = validate_final_stage_ids(final_stage_ids, self.num_stages)
-        if not finals <= self.final_stage_ids:
-            raise ValueError(
-                f"a request's final_stage_ids must be a subset of the pipeline's "
-                f"final stages {sorted(self.final_stage_ids)}, got {sorted(finals)}"
-            )
-        return finals
+        return self.request_route(None, final_stage_ids).finals
 
     # -- events ----------------------------------------------------------------------
 
     def add_request(
-        self, request_id: str, prompt: Any, final_stage_ids: frozenset[int] | None = None
+        self,
+        request_id: str,
+        prompt: Any,
+        final_stage_ids: Iterable[int] | Route | None = None,
+        entry_stage_ids: Iterable[int] | None = None,
     ) -> None:
         """Admit a request and issue its first submits.
 
-        async_chunk: ``submitted = {0..last_stage}`` is recorded before any submit is
-        issued; stage 0 gets ``prompt``, stage k gets ``prewarm_fn(k, prompt)``. All
-        placeholders are built first, so a failing ``prewarm_fn`` submits nothing.
-        forward: stage 0 gets ``prompt``.
+        Its route (see :meth:`request_route`; or ``final_stage_ids``, if that is a
+        :class:`~omni_trio._graph.Route` already) says which stages it runs.
+        async_chunk: ``submitted`` = every stage of the route, recorded before any
+        submit is issued; the entries get ``prompt``, every other stage ``k``
+        ``prewarm_fn(k, prompt)``. All placeholders are built first, so a failing
+        ``prewarm_fn`` submits nothing. forward: the entries get ``prompt``; a stage
+        is submitted once every stage it reads on the route has finished.
 
         A request that needs a dead stage, or whose ``prewarm_fn`` raises, is admitted
         and ends at once with an ``"error"`` terminal.
 
         Raises:
           ValueError: ``request_id`` is already in flight (nothing is submitted), or
-              ``final_stage_ids`` is not valid (see :meth:`request_finals`).
+              the route is not valid (see :meth:`request_route`).
         """
         self.check_new_id(request_id)
-        finals = self.request_finals(final_stage_ids)
+        if isinstance(final_stage_ids, Route):
+            route = final_stage_ids
+        else:
+            route = self.request_route(entry_stage_ids, final_stage_ids)
         self._seq += 1
         self.admitted += 1
-        st = ReqState(request_id, self._seq, finals, max(finals), self.now)
-        for sid in range(st.last_stage + 1):
+        st = ReqState(request_id, self._seq, route, self.now)
+        for sid in route.stages:
             if self.stage_deaths[sid] is not None:
                 self._end(st, self._error(st, sid, self._death_message(sid)))
                 return
+        entries = route.entries
         if self._prewarm_fn is None:
             self._requests[request_id] = st
-            self._submit(st, 0, prompt)
+            for sid in route.stages:
+                if sid in entries:
+                    self._submit(st, sid, prompt)
             return
-        inputs = [prompt]
-        for sid in range(1, st.last_stage + 1):
+        inputs = []
+        for sid in route.stages:
+            if sid in entries:
+                inputs.append(prompt)
+                continue
             try:
                 inputs.append(self._prewarm_fn(sid, prompt))
             except Exception as exc:
                 message = f"prewarm_fn for stage {sid} raised {describe(exc)}"
                 self._end(st, self._error(st, sid, message))
                 return
-        st.submitted.update(range(st.last_stage + 1))  # all of them, before any submit
+        st.submitted.update(route.stages)  # all of them, before any submit
         self._requests[request_id] = st
-        for sid, stage_input in enumerate(inputs):
+        for sid, stage_input in zip(route.stages, inputs):
             self._submit(st, sid, stage_input)
 
     def receive_output(self, stage_id: int, output: object) -> None:
@@ -381,7 +465,7 @@ class OrchestratorCore:
             st.finished.add(stage_id)
             st.finish_times[stage_id] = self.now
         data = output.data
-        forwards = self._forward_fn is not None and stage_id < st.last_stage
+        forwards = self._input_fn is not None and st.route.outputs[stage_id]
         if forwards and data is not None:
             kind = type(data)  # (the common payloads' sizes inline: this runs per output)
             if kind is str or kind is bytes:
@@ -398,6 +482,7 @@ class OrchestratorCore:
                         f"bytes for the next stage's input (max_forward_bytes)",
                     )
                     return
+                st.forward_sizes[stage_id] = st.forward_sizes.get(stage_id, 0) + size
             st.forward_data.setdefault(stage_id, []).append(data)
 
         if stage_id in st.final_stage_ids:
@@ -444,8 +529,8 @@ class OrchestratorCore:
     def stage_died(self, stage_id: int, reason: str) -> None:
         """Stage ``stage_id`` is gone for good (its outputs ended, or reading them failed).
 
-        Every in-flight request that still needs it (it is at most the request's last
-        stage and has not finished it) ends with an ``"error"`` terminal; later
+        Every in-flight request that still needs it (it is on the request's route
+        and has not finished it) ends with an ``"error"`` terminal; later
         requests that need it end at admission. Other requests are untouched. Each of
         those terminals says ``<stage> died: <reason>``, e.g. ``stage 0 (thinker)
         died: exited with status 3``.
@@ -457,7 +542,7 @@ class OrchestratorCore:
             del self._fences[fence]  # no more outputs, and no fences, come from it
         message = self._death_message(stage_id)
         for st in list(self._requests.values()):
-            if stage_id <= st.last_stage and stage_id not in st.finished:
+            if stage_id in st.route.stages and stage_id not in st.finished:
                 self._fail(st, stage_id, message)
 
     def expire(self) -> None:
@@ -522,24 +607,40 @@ class OrchestratorCore:
     def _submit(self, st: ReqState, stage_id: int, stage_input: Any) -> None:
         st.submitted.add(stage_id)
         st.submit_times[stage_id] = self.now
-        self._commands.append(StageSubmit(stage_id, st.request_id, stage_input, st.seq))
+        self._commands.append(StageSubmit(stage_id, st.request_id, stage_input, st.seq, st.route))
         if self.stage_idle_timeout is not None:
             st.last_heard[stage_id] = self.now
             deadline = self.now + self.stage_idle_timeout
             heapq.heappush(self._timers, (deadline, st.seq, stage_id, st.request_id))
 
     def _forward(self, st: ReqState, stage_id: int) -> None:
-        assert self._forward_fn is not None
-        nxt = stage_id + 1
-        outputs = st.forward_data.pop(stage_id, [])
-        st.forward_bytes = 0  # (linear: no other stage of the request collects now)
-        try:
-            stage_input = self._forward_fn(stage_id, outputs)
-        except Exception as exc:
-            message = f"forward_fn from stage {stage_id} to stage {nxt} raised {describe(exc)}"
-            self._fail(st, nxt, message)
-            return
-        self._submit(st, nxt, stage_input)
+        """``stage_id`` finished ``st``: submit each stage that reads it on the route
+        and now has every input it reads there (a join waits for its last)."""
+        input_fn = self._input_fn
+        assert input_fn is not None
+        route = st.route
+        finished = st.finished
+        for nxt in route.outputs[stage_id]:
+            sources = route.inputs[nxt]
+            if not finished.issuperset(sources):
+                continue  # a join: an input is still running
+            outputs = {src: st.forward_data.get(src, []) for src in sources}
+            try:
+                stage_input = input_fn(nxt, outputs)
+            except Exception as exc:
+                name = _fn_name(input_fn)
+                if len(sources) == 1:
+                    where = f"from stage {sources[0]} to stage {nxt}"
+                else:
+                    where = f"for stage {nxt} (reading stages {list(sources)})"
+                message = f"{name} {where} raised {describe(exc)}"
+                self._fail(st, nxt, message)
+                return
+            self._submit(st, nxt, stage_input)
+            for src in sources:  # forget what no stage will read any more
+                if all(reader in st.submitted for reader in route.outputs[src]):
+                    st.forward_data.pop(src, None)
+                    st.forward_bytes -= st.forward_sizes.pop(src, 0)
 
     def _death_message(self, stage_id: int) -> str:
         return f"{self.stage_labels[stage_id]} died: {self.stage_deaths[stage_id]}"
@@ -568,7 +669,12 @@ class OrchestratorCore:
         return [sid for sid in sorted(st.submitted) if self.stage_deaths[sid] is None]
 
     def _abort_stages(self, st: ReqState) -> None:
-        self._commands.extend(StageAbort(sid, st.request_id) for sid in self._live_submitted(st))
+        """Abort every live stage still running ``st`` (one that finished it has
+        nothing to stop: its release follows, with the others')."""
+        finished = st.finished
+        self._commands.extend(
+            StageAbort(sid, st.request_id) for sid in self._live_submitted(st) if sid not in finished
+        )
 
     def _end(self, st: ReqState, terminal: OrchOutput) -> None:
         """Emit the request's terminal output, with its metrics, and forget the request."""
@@ -615,3 +721,41 @@ class OrchestratorCore:
         self.dropped_outputs += 1
         if logger.isEnabledFor(level):
             logger.log(level, "dropped an output of stage %d (%r): %s", stage_id, output, why)
+
+
+#: Routes a core keeps (a pipeline has few; past this many, they are computed afresh).
+_MAX_ROUTES = 256
+
+
+def _reaches(graph: StageGraph, start: int, targets: frozenset[int]) -> bool:
+    """Whether some path of ``graph`` leads from ``start`` to one of ``targets``."""
+    seen = {start}
+    todo = [start]
+    while todo:
+        sid = todo.pop()
+        if sid in targets:
+            return True
+        for nxt in graph.outputs[sid]:
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return False
+
+
+def _from_forward_fn(forward_fn: ForwardFn) -> InputFn:
+    """``forward_fn`` as an :data:`InputFn`: a stage reading one stage gets
+    ``forward_fn(that_stage, its_outputs)``; a join gets that per input, by index."""
+
+    def input_fn(stage_id: int, outputs: dict[int, list[Any]]) -> Any:
+        if len(outputs) == 1:
+            ((src, data),) = outputs.items()
+            return forward_fn(src, data)
+        return {src: forward_fn(src, data) for src, data in outputs.items()}
+
+    input_fn.__name__ = "forward_fn"
+    return input_fn
+
+
+def _fn_name(fn: Callable[..., Any]) -> str:
+    name = getattr(fn, "__name__", "")
+    return name if name in ("forward_fn", "input_fn") else "input_fn"
