@@ -6,6 +6,8 @@ from ._util import lazy_exports
 
 if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from ._driver import OrchestratorStatistics as OrchestratorStatistics
+    from ._graph import Route as Route
+    from ._graph import StageGraph as StageGraph
     from ._messages import FinishReason as FinishReason
     from ._messages import OrchOutput as OrchOutput
     from ._messages import RequestMetrics as RequestMetrics
@@ -21,6 +23,7 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
 
 _EXPORTS = {
     "._driver": ["OrchestratorStatistics"],
+    "._graph": ["Route", "StageGraph"],
     "._messages": ["FinishReason", "OrchOutput", "RequestMetrics", "StageItem", "StageOutput"],
     "._orchestrator": ["Orchestrator", "open_orchestrator"],
     "._pipeline": ["Pipeline", "PipelineStatistics", "open_pipeline"],

@@ -233,7 +233,9 @@ class OrchestratorCore:
         #: Which stage reads which.
         self.graph = graph
         #: The route of a request that names neither its entries nor its finals.
-        self.default_route = graph.route(finals=self.final_stage_ids)
+        self.default_route = graph.route(
+            _entries_for(graph, self.final_stage_ids), self.final_stage_ids
+        )
         self._routes: dict[tuple[frozenset[int] | None, frozenset[int] | None], Route] = {}
         self.mode: Mode = "async_chunk" if prewarm_fn is not None else "forward"
         if forward_fn is not None:
@@ -346,9 +348,7 @@ class OrchestratorCore:
                 )
         if entry_stage_ids is None:
             assert final_stage_ids is not None
-            # The sources that lead to these finals (the others have nothing to do).
-            entries = [sid for sid in sorted(graph.sources) if _reaches(graph, sid, finals)]
-            route = graph.route(entries, finals)
+            route = graph.route(_entries_for(graph, finals), finals)
         else:
             route = graph.route(
                 entry_stage_ids, final_stage_ids, allowed_finals=self.final_stage_ids
@@ -423,7 +423,7 @@ class OrchestratorCore:
                 return
         st.submitted.update(route.stages)  # all of them, before any submit
         self._requests[request_id] = st
-        for sid, stage_input in zip(route.stages, inputs):
+        for sid, stage_input in zip(route.stages, inputs, strict=True):
             self._submit(st, sid, stage_input)
 
     def receive_output(self, stage_id: int, output: object) -> None:
@@ -671,9 +671,10 @@ class OrchestratorCore:
     def _abort_stages(self, st: ReqState) -> None:
         """Abort every live stage still running ``st`` (one that finished it has
         nothing to stop: its release follows, with the others')."""
-        finished = st.finished
+        done = st.finished
+        rid = st.request_id
         self._commands.extend(
-            StageAbort(sid, st.request_id) for sid in self._live_submitted(st) if sid not in finished
+            StageAbort(sid, rid) for sid in self._live_submitted(st) if sid not in done
         )
 
     def _end(self, st: ReqState, terminal: OrchOutput) -> None:
@@ -725,6 +726,12 @@ class OrchestratorCore:
 
 #: Routes a core keeps (a pipeline has few; past this many, they are computed afresh).
 _MAX_ROUTES = 256
+
+
+def _entries_for(graph: StageGraph, finals: frozenset[int]) -> list[int]:
+    """A request's default entries: the graph's sources that lead to its finals (the
+    others would have nothing to do)."""
+    return [sid for sid in sorted(graph.sources) if _reaches(graph, sid, finals)]
 
 
 def _reaches(graph: StageGraph, start: int, targets: frozenset[int]) -> bool:

@@ -133,12 +133,13 @@ class Dispatcher:
         final_stage_ids: Iterable[int] | None,
         sink: Sink | None,
         *,
+        entry_stage_ids: Iterable[int] | None = None,
         wait_for_drains: Callable[[], Awaitable[None]],
         send: Callable[[AdmitRequest], Awaitable[None]],
     ) -> None:
         """Admit a request from a caller's task: check, wait for room, send.
 
-        The checks run at once: a duplicate id or bad ``final_stage_ids`` raises
+        The checks run at once: a duplicate id or a bad route raises
         before anything waits, and the id stays reserved while the caller waits.
         ``wait_for_drains`` returns once no drain is in progress; then a slot is taken
         (``max_in_flight``). ``send`` puts the admission in the handler's inbox, and
@@ -148,9 +149,10 @@ class Dispatcher:
         orchestrator shuts down before the handler sees it (:meth:`settle`).
 
         Raises:
-          TypeError, ValueError: bad ``final_stage_ids``, or ``request_id`` in flight.
+          TypeError, ValueError: a bad route (``entry_stage_ids``,
+              ``final_stage_ids``), or ``request_id`` in flight.
         """
-        finals = self.core.request_finals(final_stage_ids)
+        route = self.core.request_route(entry_stage_ids, final_stage_ids)
         if request_id in self._admitting:
             raise ValueError(f"request id {request_id!r} is already in flight")
         self.core.check_new_id(request_id)
@@ -165,7 +167,7 @@ class Dispatcher:
                     slot = True
             finally:
                 self.admissions_waiting -= 1
-            await send(AdmitRequest(request_id, prompt, finals, sink))
+            await send(AdmitRequest(request_id, prompt, route, sink))
         except BaseException:
             self._admitting.discard(request_id)
             if slot:
@@ -247,8 +249,8 @@ class Dispatcher:
     def _admit(self, message: AdmitRequest) -> None:
         rid = message.request_id
         self._admitting.discard(rid)
-        self.core.add_request(rid, message.prompt, message.finals)
-        self.flow.open(rid, message.finals)
+        self.core.add_request(rid, message.prompt, message.route)
+        self.flow.open(rid, message.route.finals)
         if message.sink is not None:  # before the flush: no output was routed yet
             self.streams[rid] = message.sink
             self.flow.attach(message.sink)  # type: ignore[arg-type]

@@ -14,9 +14,10 @@ from typing import Any, TypeVar
 import attrs
 
 from ._checks import check_max_in_flight, check_positive_int, check_seconds
-from ._core import ForwardFn, Mode, OrchestratorCore, PrewarmFn, StageCommand
+from ._core import ForwardFn, InputFn, Mode, OrchestratorCore, PrewarmFn, StageCommand
 from ._dispatch import Dispatcher, Slots
 from ._flow import FlowLimits
+from ._graph import Route, StageGraph
 from ._inbox import AdmitRequest, InboxMessage
 from ._sink import OutboxBase
 
@@ -87,7 +88,9 @@ def prepare(
     final_stage_ids: Iterable[int],
     check_stage: Callable[[int, Any], S],
     *,
+    graph: Sequence[Iterable[int]] | None = None,
     forward_fn: ForwardFn | None,
+    input_fn: InputFn | None = None,
     prewarm_fn: PrewarmFn | None,
     stage_idle_timeout: float | None,
     max_in_flight: int | None,
@@ -106,7 +109,9 @@ def prepare(
     core = OrchestratorCore(
         len(checked),
         final_stage_ids,
+        graph=graph,
         forward_fn=forward_fn,
+        input_fn=input_fn,
         prewarm_fn=prewarm_fn,
         stage_idle_timeout=stage_idle_timeout,
         stage_names=[getattr(stage, "name", None) for stage in checked],
@@ -175,8 +180,27 @@ class OrchestratorBase:
 
     @property
     def last_stage(self) -> int:
-        """``max(final_stage_ids)``; later stages are never submitted."""
+        """``max(final_stage_ids)``: the stage an ``"aborted"`` terminal names."""
         return self._core.last_stage
+
+    @property
+    def graph(self) -> StageGraph:
+        """Which stage reads which (see :class:`~omni_trio.StageGraph`)."""
+        return self._core.graph
+
+    def route(
+        self,
+        *,
+        entry_stage_ids: Iterable[int] | None = None,
+        final_stage_ids: Iterable[int] | None = None,
+    ) -> Route:
+        """The route a request admitted with these keywords would run: its entries,
+        its finals and every stage on a path between them (see :class:`~omni_trio.Route`).
+
+        Raises:
+          TypeError, ValueError: as admitting such a request would.
+        """
+        return self._core.request_route(entry_stage_ids, final_stage_ids)
 
     @property
     def max_in_flight(self) -> int | None:
@@ -260,6 +284,7 @@ class OrchestratorBase:
         prompt: Any,
         final_stage_ids: Iterable[int] | None,
         outbox: OutboxBase | None,
+        entry_stage_ids: Iterable[int] | None = None,
     ) -> None:
         """Admit a request whose outputs go to ``outbox`` (its stream's), or to
         ``next_output()``'s (``None``)."""
@@ -270,6 +295,7 @@ class OrchestratorBase:
             prompt,
             final_stage_ids,
             outbox,
+            entry_stage_ids=entry_stage_ids,
             wait_for_drains=self._wait_for_drains,
             send=self._send_admission,
         )

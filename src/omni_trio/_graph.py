@@ -86,8 +86,7 @@ class Route:
         if line:
             return " -> ".join(map(str, self.stages))
         return (
-            f"entries {sorted(self.entries)} finals {sorted(self.finals)} "
-            f"via {list(self.stages)}"
+            f"entries {sorted(self.entries)} finals {sorted(self.finals)} via {list(self.stages)}"
         )
 
 
@@ -273,4 +272,6 @@ def _cycle(ins: Sequence[tuple[int, ...]], done: set[int]) -> str:
         path.append(sid)
         sid = next(src for src in ins[sid] if src not in done)
     cycle = path[seen[sid] :][::-1]  # walked against the edges: reverse it
+    first = cycle.index(min(cycle))
+    cycle = cycle[first:] + cycle[:first]
     return " -> ".join(map(str, [*cycle, cycle[0]]))

@@ -16,6 +16,7 @@ from typing import Any, TypeAlias
 import attrs
 
 from ._core import StageSubmit
+from ._graph import Route
 from ._messages import StageItem
 from ._sink import Sink
 
@@ -48,7 +49,7 @@ class AdmitRequest:
 
     request_id: str
     prompt: Any
-    finals: frozenset[int]
+    route: Route
     sink: Sink | None
 
 

@@ -28,7 +28,7 @@ import trio
 from trio_util import AsyncValue
 
 from ._checks import check_request_id
-from ._core import MAX_FORWARD_BYTES, ForwardFn, OrchestratorCore, PrewarmFn, StageCommand
+from ._core import MAX_FORWARD_BYTES, ForwardFn, InputFn, OrchestratorCore, PrewarmFn, StageCommand
 from ._dispatch import INBOX_SIZE, MAX_BATCH, death_cause
 from ._driver import OrchestratorBase, prepare
 from ._errors import unwrap_single_exception
@@ -114,17 +114,27 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
     # -- public API ------------------------------------------------------------------
 
     async def add_request(
-        self, request_id: str, prompt: Any, *, final_stage_ids: Iterable[int] | None = None
+        self,
+        request_id: str,
+        prompt: Any,
+        *,
+        final_stage_ids: Iterable[int] | None = None,
+        entry_stage_ids: Iterable[int] | None = None,
     ) -> None:
         """Admit one request; its outputs arrive through :meth:`next_output`.
 
         Args:
           request_id: Unique among the requests in flight (see "Reusing a request
               id" in the lifecycle docs).
-          prompt: Stage 0's input.
+          prompt: The input of the request's entry stages.
           final_stage_ids: This request's user-facing stages, a subset of the
               pipeline's (``{0}``: text only, stage 0 alone runs). Default: the
-              pipeline's.
+              pipeline's that its entries reach.
+          entry_stage_ids: The stages that get ``prompt`` (``{1}``: enter at the
+              talker with text to speak). Default: the graph's sources that reach
+              the request's finals. The request runs its route: its entries, its
+              finals and every stage on a path between them; no other stage is
+              submitted (see :meth:`route`).
 
         Waits while ``max_in_flight`` requests are in flight, or while a
         :meth:`drain` is in progress, then hands the admission to the orchestrator
@@ -136,13 +146,17 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         exception here.
 
         Raises:
-          TypeError: ``request_id`` is not a ``str``, or ``final_stage_ids`` is not
-              a collection of stage indexes.
-          ValueError: ``request_id`` is already in flight (nothing is submitted), or
-              ``final_stage_ids`` is not a subset of the pipeline's final stages.
+          TypeError: ``request_id`` is not a ``str``, or ``final_stage_ids`` or
+              ``entry_stage_ids`` is not a collection of stage indexes.
+          ValueError: ``request_id`` is already in flight (nothing is submitted);
+              ``final_stage_ids`` is not a subset of the pipeline's final stages;
+              or the route is empty: a final that no entry reaches, an entry that
+              reaches no final.
           trio.ClosedResourceError: the orchestrator's block has exited.
         """
-        await self._admit(check_request_id(request_id), prompt, final_stage_ids, None)
+        await self._admit(
+            check_request_id(request_id), prompt, final_stage_ids, None, entry_stage_ids
+        )
 
     @asynccontextmanager
     async def open_request(
@@ -151,6 +165,7 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         *,
         request_id: str | None = None,
         final_stage_ids: Iterable[int] | None = None,
+        entry_stage_ids: Iterable[int] | None = None,
     ) -> AsyncIterator[RequestStream]:
         """Admit a request and read its outputs, and only its, from the block.
 
@@ -169,7 +184,7 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         """
         rid = check_request_id(self._new_request_id() if request_id is None else request_id)
         stream, outbox = new_stream(rid, self._flow)
-        await self._admit(rid, prompt, final_stage_ids, outbox)
+        await self._admit(rid, prompt, final_stage_ids, outbox, entry_stage_ids)
         try:
             yield stream
         finally:
@@ -461,7 +476,9 @@ async def open_orchestrator(
     stages: Sequence[Stage],
     final_stage_ids: Iterable[int],
     *,
+    graph: Sequence[Iterable[int]] | None = None,
     forward_fn: ForwardFn | None = None,
+    input_fn: InputFn | None = None,
     prewarm_fn: PrewarmFn | None = None,
     stage_idle_timeout: float | None = None,
     max_in_flight: int | None = None,
@@ -474,21 +491,31 @@ async def open_orchestrator(
 ) -> AsyncIterator[Orchestrator]:
     """Run an orchestrator over ``stages`` for the duration of the block.
 
-    Give exactly one of ``prewarm_fn`` (async_chunk mode) and ``forward_fn`` (forward
-    mode). The orchestrator's tasks live in a nursery owned by the block. Leaving the
-    block stops admissions, aborts every in-flight request (its stream gets an
-    ``"aborted"`` terminal; its stages get ``abort``), waits up to ``shutdown_grace``
-    seconds -- shielded from cancellation -- for those aborts to reach the stages, then
-    cancels the orchestrator's tasks. No task is left behind.
+    Give exactly one of ``prewarm_fn`` (async_chunk mode) and ``forward_fn`` or
+    ``input_fn`` (forward mode). The orchestrator's tasks live in a nursery owned by
+    the block. Leaving the block stops admissions, aborts every in-flight request
+    (its stream gets an ``"aborted"`` terminal; its stages get ``abort``), waits up
+    to ``shutdown_grace`` seconds -- shielded from cancellation -- for those aborts to
+    reach the stages, then cancels the orchestrator's tasks. No task is left behind.
 
     Args:
       stages: The pipeline's stages, in order (see :class:`Stage`).
-      final_stage_ids: The user-facing stages; ``last_stage = max(final_stage_ids)``,
-          and stages after it are never submitted.
-      forward_fn: ``forward_fn(stage_id, outputs)`` builds stage ``stage_id + 1``'s
-          input from the non-``None`` data stage ``stage_id`` emitted, in order.
+      final_stage_ids: The user-facing stages: a request's finals unless it names
+          its own.
+      graph: Which stage reads which: ``graph[k]`` lists the stages stage ``k``
+          reads (fan-in where it lists several, fan-out where several list one).
+          It must be acyclic. ``None`` (the default): a line, stage ``k`` reading
+          stage ``k - 1``.
+      forward_fn: ``forward_fn(stage_id, outputs)`` builds the input of the stages
+          that read stage ``stage_id`` from the non-``None`` data it emitted, in
+          order. A stage that reads several (a join) gets a ``dict``: per stage it
+          reads, by index, ``forward_fn`` of that stage's data.
+      input_fn: ``input_fn(stage_id, outputs)`` builds stage ``stage_id``'s input,
+          where ``outputs[k]`` is the data of stage ``k``, each stage it reads on the
+          request's route: the graph's form of ``forward_fn``. In forward mode a
+          stage is submitted once every stage it reads on the route has finished.
       prewarm_fn: ``prewarm_fn(stage_id, prompt)`` builds the placeholder input that
-          stage ``stage_id >= 1`` gets at admission.
+          a stage of the request's route other than its entries gets at admission.
       stage_idle_timeout: The watchdog: if a submitted stage sends nothing for a
           request (since its submit or its last output) for this many seconds before
           finishing it, the request ends with an ``"error"`` terminal and its stages
@@ -513,8 +540,9 @@ async def open_orchestrator(
           random ``uuid4().hex``). A simulation gives ids drawn from its seed.
 
     Raises:
-      ValueError: no stages, both or neither of ``forward_fn`` and ``prewarm_fn``,
-          ``final_stage_ids`` empty or naming a stage that does not exist, a
+      ValueError: no stages, not exactly one of ``forward_fn``, ``input_fn`` and
+          ``prewarm_fn``, ``final_stage_ids`` empty or naming a stage that does not
+          exist, a ``graph`` naming a stage that does not exist or with a cycle, a
           non-positive ``stage_idle_timeout``/``max_in_flight``/``max_unread_*``/
           ``max_forward_bytes``, or a negative ``shutdown_grace``/``consumer_idle_timeout``.
       TypeError: a stage lacks ``outputs``/``submit``/``abort``, or a function is not
@@ -524,7 +552,9 @@ async def open_orchestrator(
         stages,
         final_stage_ids,
         check_stage,
+        graph=graph,
         forward_fn=forward_fn,
+        input_fn=input_fn,
         prewarm_fn=prewarm_fn,
         stage_idle_timeout=stage_idle_timeout,
         max_in_flight=max_in_flight,

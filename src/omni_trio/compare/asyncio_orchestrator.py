@@ -27,7 +27,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Protocol, TypeVar
 
 from .._checks import check_request_id, check_stage_methods
-from .._core import MAX_FORWARD_BYTES, ForwardFn, OrchestratorCore, PrewarmFn, StageCommand
+from .._core import MAX_FORWARD_BYTES, ForwardFn, InputFn, OrchestratorCore, PrewarmFn, StageCommand
 from .._dispatch import INBOX_SIZE, MAX_BATCH, death_cause
 from .._driver import OrchestratorBase, prepare
 from .._errors import unwrap_single_exception
@@ -272,10 +272,17 @@ class AsyncioDriver(OrchestratorBase):
     # -- public API (mirrors omni_trio.Orchestrator) -------------------------------
 
     async def add_request(
-        self, request_id: str, prompt: Any, *, final_stage_ids: Iterable[int] | None = None
+        self,
+        request_id: str,
+        prompt: Any,
+        *,
+        final_stage_ids: Iterable[int] | None = None,
+        entry_stage_ids: Iterable[int] | None = None,
     ) -> None:
         """Admit a request; see :meth:`omni_trio.Orchestrator.add_request`."""
-        await self._admit(check_request_id(request_id), prompt, final_stage_ids, None)
+        await self._admit(
+            check_request_id(request_id), prompt, final_stage_ids, None, entry_stage_ids
+        )
 
     @asynccontextmanager
     async def open_request(
@@ -284,12 +291,13 @@ class AsyncioDriver(OrchestratorBase):
         *,
         request_id: str | None = None,
         final_stage_ids: Iterable[int] | None = None,
+        entry_stage_ids: Iterable[int] | None = None,
     ) -> AsyncIterator[Any]:
         """Admit a request and read its outputs from the block; leaving early aborts it
         and waits (up to ``shutdown_grace``) for its terminal, kept in ``terminal``."""
         rid = check_request_id(uuid.uuid4().hex if request_id is None else request_id)
         stream, outbox = self._new_stream(rid, self._flow)
-        await self._admit(rid, prompt, final_stage_ids, outbox)
+        await self._admit(rid, prompt, final_stage_ids, outbox, entry_stage_ids)
         try:
             yield stream
         finally:
@@ -554,7 +562,9 @@ async def run_driver(
     stages: Sequence[AsyncioStage],
     final_stage_ids: Iterable[int],
     *,
+    graph: Sequence[Iterable[int]] | None = None,
     forward_fn: ForwardFn | None,
+    input_fn: InputFn | None = None,
     prewarm_fn: PrewarmFn | None,
     stage_idle_timeout: float | None,
     max_in_flight: int | None,
@@ -568,7 +578,9 @@ async def run_driver(
         stages,
         final_stage_ids,
         _check_stage,
+        graph=graph,
         forward_fn=forward_fn,
+        input_fn=input_fn,
         prewarm_fn=prewarm_fn,
         stage_idle_timeout=stage_idle_timeout,
         max_in_flight=max_in_flight,
@@ -588,7 +600,9 @@ async def open_asyncio_orchestrator(
     stages: Sequence[AsyncioStage],
     final_stage_ids: Iterable[int],
     *,
+    graph: Sequence[Iterable[int]] | None = None,
     forward_fn: ForwardFn | None = None,
+    input_fn: InputFn | None = None,
     prewarm_fn: PrewarmFn | None = None,
     stage_idle_timeout: float | None = None,
     max_in_flight: int | None = None,
@@ -609,7 +623,9 @@ async def open_asyncio_orchestrator(
         AsyncioOrchestrator._create,  # noqa: SLF001 - the module's own factory
         stages,
         final_stage_ids,
+        graph=graph,
         forward_fn=forward_fn,
+        input_fn=input_fn,
         prewarm_fn=prewarm_fn,
         stage_idle_timeout=stage_idle_timeout,
         max_in_flight=max_in_flight,
