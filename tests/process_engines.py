@@ -364,3 +364,30 @@ def checks():
             seq += 1
 
     return engine
+
+
+def enters_or_relays():
+    """Where a request enters (its input is the prompt): sends and yields the
+    prompt's words; elsewhere (a placeholder, ``None``): upper-cases and passes on
+    each upstream chunk, as :func:`relay` does."""
+
+    async def engine(request, io):
+        if request.inputs is not None:
+            for word in str(request.inputs).split():
+                await io.send(word.encode())
+                yield word
+            return
+        async for chunk in io:
+            await io.send(chunk)
+            yield chunk.decode().upper()
+
+    return engine
+
+
+def shows_its_inputs():
+    """Yields its inputs as they came (forward mode: a join's are a dict, by stage)."""
+
+    async def engine(request, io):
+        yield request.inputs
+
+    return engine

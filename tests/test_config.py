@@ -68,10 +68,10 @@ def test_the_demo_pipeline_loads_and_builds_its_functions():
     assert config.stage_names == {0: "thinker", 1: "talker", 2: "code2wav"}
     assert config.stage_chain == "thinker -> talker -> code2wav"
     assert config.final_output_types == {0: "text", 2: "audio"}  # the talker is not final
-    assert set(config.orchestrator_functions()) == {"prewarm_fn"}
-    forward = config.with_mode(async_chunk=False).orchestrator_functions()["forward_fn"]
-    assert forward(0, ["a ", "b "]) == ["a ", "b "]
-    assert forward(1, [[1, 2], [3]]) == [1, 2, 3]
+    assert set(config.orchestrator_functions()) == {"graph", "prewarm_fn"}
+    forward = config.with_mode(async_chunk=False).orchestrator_functions()["input_fn"]
+    assert forward(1, {0: ["a ", "b "]}) == ["a ", "b "]  # the talker's: none, as is
+    assert forward(2, {1: [[1, 2], [3]]}) == [1, 2, 3]  # code2wav's custom function
 
 
 @pytest.mark.parametrize(
@@ -92,7 +92,15 @@ def test_the_demo_pipeline_loads_and_builds_its_functions():
         (("stage_id = 1", "stage_id = 2"), r"stages\[1\]\.stage_id: .*expected 1, got 2"),
         (
             ("engine_input_source = [0]", "engine_input_source = [1]"),
-            r"stages\[1\]\.engine_input_source: .*linear",
+            r"stages\[1\]\.engine_input_source: stage 1 cannot read itself",
+        ),
+        (
+            ("engine_input_source = [0]", "engine_input_source = [2]"),
+            r"stages\[1\]\.engine_input_source: there is no stage 2 \(stages 0\.\.1\)",
+        ),
+        (
+            ("engine_input_source = [0]", "engine_input_source = [0, 0]"),
+            r"stages\[1\]\.engine_input_source: names a stage twice: \[0, 0\]",
         ),
         (
             ('final_output_type = "audio"', 'final_output_type = "video"'),
@@ -113,7 +121,7 @@ def test_the_demo_pipeline_loads_and_builds_its_functions():
         ),
         (
             ('engine = "pkg.mod:make"', 'engine = "pkg.mod:make"\nprewarm_func = "pkg.mod:w"'),
-            r"stages\[0\]\.prewarm_func: only stages after the first",
+            r"stages\[0\]\.prewarm_func: only stages that read another stage",
         ),
         (
             (
@@ -319,3 +327,80 @@ def test_the_reference_configs_sample_is_a_valid_config():
     written = {line.split("=")[0].strip() for line in sample.split("[[stages]]")[0].splitlines()}
     assert set(PipelineSection.__struct_fields__) - written <= {"ray_address"}
     assert config.pipeline.max_unread_bytes == 4 * 1024 * 1024
+
+
+#: listen feeds the thinker and a prosody stage; the thinker reads both (a join).
+GRAPH = """
+[pipeline]
+name = "graph"
+async_chunk = false
+connector = "none"
+
+[[stages]]
+stage_id = 0
+name = "listen"
+engine = "pkg.mod:make"
+final_output = true
+final_output_type = "transcript"
+
+[[stages]]
+stage_id = 1
+name = "prosody"
+engine = "pkg.mod:make"
+engine_input_source = [0]
+
+[[stages]]
+stage_id = 2
+name = "thinker"
+engine = "pkg.mod:make"
+engine_input_source = [0, 1]
+custom_process_input_func = "pkg.mod:join"
+final_output = true
+"""
+
+
+def test_a_graph_config():
+    config = parse_pipeline(GRAPH)
+    assert config.stage_inputs == [[], [0], [0, 1]]
+    assert config.graph.outputs == ((1, 2), (2,), ())
+    assert config.stage_chain == "listen -> prosody, listen -> thinker, prosody -> thinker"
+    assert parse_pipeline(GOOD).stage_chain == "stage0 -> stage1"
+    assert config.orchestrator_functions.__doc__  # (imports pkg.mod lazily: not called)
+
+
+def test_a_graph_configs_join_gets_its_inputs_by_stage(monkeypatch):
+    import types
+
+    module = types.ModuleType("graphmod")
+    module.make = lambda: None
+    module.join = lambda outputs: sorted(outputs.items())
+    monkeypatch.setitem(__import__("sys").modules, "graphmod", module)
+    config = parse_pipeline(GRAPH.replace("pkg.mod", "graphmod"))
+    functions = config.orchestrator_functions()
+    assert functions["graph"] == [[], [0], [0, 1]]
+    input_fn = functions["input_fn"]
+    assert input_fn(2, {0: ["hi"], 1: ["calm"]}) == [(0, ["hi"]), (1, ["calm"])]
+    assert input_fn(1, {0: ["hi"]}) == ["hi"]  # one input: its list, as before
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            ("engine_input_source = [0]", "engine_input_source = [2]"),
+            r"^<config>: stages\.engine_input_source: the stages form a cycle: 1 -> 2 -> 1",
+        ),
+        (
+            ('async_chunk = false\nconnector = "none"', "async_chunk = true"),
+            r"^<config>: stages\[2\]\.engine_input_source: stage 2 reads stages \[0, 1\], "
+            r"and a stage's engine reads one chunk stream in async_chunk mode",
+        ),
+        (
+            ("engine_input_source = [0, 1]", "engine_input_source = []"),
+            r"^<config>: stages\[2\]\.custom_process_input_func: stage 2's input is the prompt",
+        ),
+    ],
+)
+def test_graph_errors_name_the_key(change, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_pipeline(GRAPH.replace(*change))

@@ -140,9 +140,10 @@ async def test_chunks_sent_while_the_reader_restarts_wait_for_its_next_worker(tm
 @pytest.mark.process_specific("a 1 s startup_timeout, which a Ray actor's own start can exceed")
 async def test_senders_to_a_stage_that_does_not_come_back_in_time_fail_naming_it(tmp_path):
     """Stage 2's worker is killed, and its next one takes longer to start than its
-    startup_timeout (1 s). Stage 1's worker streams to it: it waits that long for
-    it, no longer -- the requests it sends chunks of there fail, naming stage 2 --
-    while the requests that end at stage 0 keep completing meanwhile."""
+    startup_timeout (1 s). The requests routed through it fail within that time,
+    naming stage 2 (stage 1's worker, streaming to it, waits that long, no longer;
+    so does stage 2's own submit) -- while the requests that end at stage 0 or
+    stage 1 keep completing meanwhile: their routes do not reach stage 2."""
     timeout = 1.0
     args = f'{{ marker = "{tmp_path / "loaded-once"}", seconds = 30.0 }}'
     runtime = f'name = "code2wav"\n{RESTART}\nstartup_timeout = {timeout}'
@@ -160,7 +161,7 @@ async def test_senders_to_a_stage_that_does_not_come_back_in_time_fail_naming_it
         completed = []
 
         async def talker_request(request_id):
-            async with orch.open_request(request_id, final_stage_ids={1}) as stream:
+            async with orch.open_request(request_id, final_stage_ids={1, 2}) as stream:
                 outs = [out async for out in stream]
             failed[request_id] = (trio.current_time() - admitted, outs[-1])
 
@@ -171,15 +172,20 @@ async def test_senders_to_a_stage_that_does_not_come_back_in_time_fail_naming_it
                 while len(failed) < 2:
                     async with orch.open_request("text", final_stage_ids={0}) as stream:
                         completed.append([out async for out in stream][-1])
+                    async with orch.open_request("talk", final_stage_ids={1}) as stream:
+                        completed.append([out async for out in stream][-1])
                     await trio.sleep(0.05)
         assert code2wav.pid is None  # still starting (it takes 30 s)
     for elapsed, terminal in failed.values():
         assert elapsed < timeout + 1
         assert terminal.finish_reason == "error"
-        assert terminal.error == (
+        assert terminal.error in (
             "stage 1 failed: ReaderUnavailableError: stage 2 (code2wav) has no worker: "
-            f"it did not come back within {timeout:g} s (startup_timeout)"
-        )
+            f"it did not come back within {timeout:g} s (startup_timeout)",
+            "stage 2 (code2wav) failed: WorkerUnavailableError: stage 2 (code2wav) has no "
+            f"worker: it is restarting, and no new worker was ready within {timeout:g} s "
+            "(startup_timeout)",
+        ), terminal.error
     assert len(completed) >= 5
     assert {out.finish_reason for out in completed} == {"completed"}
 

@@ -120,28 +120,27 @@ async def test_tables_are_empty_after_an_abort():
 
 @pytest.mark.parametrize("whole", [False, True], ids=["mid-stream", "whole-stream"])
 async def test_a_thinker_killed_before_its_drop_leaves_nothing_held(whole):
-    """The talker holds a text-only request's chunks for a Submit that never comes;
-    the thinker that sent them is killed before its ``Drop`` -- mid-stream, or with
-    its whole stream written and its completion still to report. The talker lets
-    them go with the thinker's link; the thinker's successor starts empty."""
+    """The talker holds a request's chunks for a Submit that never comes (the
+    thinker is submitted directly, with no route: it streams to every stage it
+    feeds; through the orchestrator, a text-only request's route ends at the
+    thinker and it sends the talker nothing); the thinker that sent them is killed
+    before its ``Drop`` -- mid-stream, or with its whole stream written and its
+    completion still to report. The talker lets them go with the thinker's link; the
+    thinker's successor starts empty."""
     if whole:  # the stream is written, the completion waits: killed in between
         thinker, runtime = "{ count = 3 }", f"{RESTART}\ncompletion_delay = 30.0"
     else:
         thinker, runtime = "{ count = 500, delay = 0.01 }", RESTART
     config = thinker_and_talker(thinker, thinker_runtime=runtime)
-    async with running(config) as (pipeline, orch):
+    async with running(config) as (pipeline, _):
         thinker_stage, talker = pipeline.stages
-        async with orch.open_request("p", request_id="t", final_stage_ids={0}) as stream:
-            await until_stage(stream, 0, 3)
-            if whole:
-                await holds(talker, worker_requests=1, chunks_held=3, chunks_waiting=4)
-            else:
-                await holds(talker, worker_requests=1, chunks_held=1)
-            first = thinker_stage.pid
-            thinker_stage.kill()
-            outs = [out async for out in stream]
-        assert outs[-1].finish_reason == "error"
-        assert "its worker died: killed by SIGKILL (restarted)" in outs[-1].error
+        await thinker_stage.submit("t", "p")  # no route: to every stage it feeds
+        if whole:
+            await holds(talker, worker_requests=1, chunks_held=3, chunks_waiting=4)
+        else:
+            await holds(talker, worker_requests=1, chunks_held=3)
+        first = thinker_stage.pid
+        thinker_stage.kill()
         await assert_emptied(talker)
         await eventually(lambda: thinker_stage.pid not in (None, first))
         await assert_emptied(thinker_stage, talker)
@@ -172,8 +171,8 @@ async def test_a_reader_killed_mid_stream_leaves_nothing_held_by_its_sender():
 
 async def test_tables_are_empty_after_the_orchestrator_shuts_down():
     """The orchestrator's block is left with requests streaming (an audio one, a
-    text-only one): its shutdown aborts and releases them, and the stages, still
-    running, hold nothing of them."""
+    text-only one, whose route ends at the thinker): its shutdown aborts and
+    releases them, and the stages, still running, hold nothing of them."""
     config = thinker_and_talker("{ count = 500, delay = 0.01 }")
     async with open_process_pipeline(config) as pipeline:
         async with open_orchestrator(
@@ -181,8 +180,8 @@ async def test_tables_are_empty_after_the_orchestrator_shuts_down():
         ) as orch:
             await orch.add_request("a", "p")
             await orch.add_request("t", "p", final_stage_ids={0})
-            await holds(pipeline.stages[1], worker_requests=2, chunks_held=1)
-            await holds(pipeline.stages[0], worker_requests=2, requests_written=2)
+            await holds(pipeline.stages[1], worker_requests=1)
+            await holds(pipeline.stages[0], worker_requests=2, requests_written=1)
         await assert_emptied(*pipeline.stages)
     assert worker_processes() == []
 

@@ -325,7 +325,10 @@ class Dispatcher:
         if type(command) is StageSubmit:
             if self.accepting:
                 try:
-                    await stage.submit(command.request_id, command.inputs)
+                    if getattr(stage, "takes_routes", False) is True:
+                        await stage.submit(command.request_id, command.inputs, route=command.route)
+                    else:
+                        await stage.submit(command.request_id, command.inputs)
                 except Exception as exc:
                     self._logger.debug(
                         "stage %d: submit(%r) raised: %s",

@@ -48,6 +48,12 @@ class Stage(Protocol):
     later request with the same id never gets an earlier one's late outputs.
     (:class:`~omni_trio.process.ProcessStage` does.)
 
+    A stage that sets ``takes_routes = True`` is submitted with the request's route
+    as well, ``submit(request_id, inputs, route=route)`` (a :class:`~omni_trio.Route`:
+    its entries, its finals, and which of its stages reads which): a stage that
+    streams to others sends only to the ones on the route.
+    (:class:`~omni_trio.process.ProcessStage` does.)
+
     Two optional attributes make error messages say more:
 
     * ``name`` (a ``str``): messages name the stage ``stage 0 (thinker)`` instead of

@@ -61,6 +61,7 @@ import msgspec
 
 from ._core import MAX_FORWARD_BYTES
 from ._flow import CONSUMER_IDLE_TIMEOUT, MAX_UNREAD_BYTES, MAX_UNREAD_OUTPUTS
+from ._graph import StageGraph
 from ._util import import_object
 from .process._options import (
     INLINE_CHUNK_BYTES,
@@ -108,6 +109,9 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froz
     name: str | None = None
     engine_args: dict[str, Any] = msgspec.field(default_factory=dict)
     engine_input_source: list[int] | None = None
+    """The stages whose outputs it reads (``[]``: none, it reads the prompt); absent:
+    the stage before it (stage 0: none). Several: a join (fan-in); several stages
+    may read one (fan-out). The stages must form an acyclic graph."""
     final_output: bool = False
     final_output_type: OutputType = "text"
     """What a final stage's outputs are to the user: ``"text"`` (text deltas,
@@ -197,18 +201,47 @@ class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, f
         return frozenset(s.stage_id for s in self.stages if s.final_output)
 
     @property
+    def stage_inputs(self) -> list[list[int]]:
+        """Per stage, the stages it reads (``engine_input_source``, or its default:
+        the stage before it)."""
+        return [
+            list(s.engine_input_source)
+            if s.engine_input_source is not None
+            else ([s.stage_id - 1] if s.stage_id else [])
+            for s in self.stages
+        ]
+
+    @property
+    def graph(self) -> StageGraph:
+        """Which stage reads which (checked when the config was loaded)."""
+        return StageGraph.of(self.stage_inputs)
+
+    @property
     def stage_names(self) -> dict[int, str]:
         """Each stage's label (its ``name``, or ``stage K``), by stage id."""
         return {s.stage_id: s.label for s in self.stages}
 
     @property
     def stage_chain(self) -> str:
-        """The stages in order, as the CLI shows them: ``thinker -> talker (2
-        replicas) -> code2wav``."""
-        return " -> ".join(
-            s.label if s.runtime.replicas == 1 else f"{s.label} ({s.runtime.replicas} replicas)"
-            for s in self.stages
-        )
+        """The stages, as the CLI shows them: a line in order (``thinker -> talker
+        (2 replicas) -> code2wav``); a graph as its edges (``listen -> thinker,
+        listen -> prosody, prosody -> thinker``)."""
+
+        def shown(s: StageConfig) -> str:
+            replicas = s.runtime.replicas
+            return s.label if replicas == 1 else f"{s.label} ({replicas} replicas)"
+
+        graph = self.graph
+        if graph.is_linear:
+            return " -> ".join(shown(s) for s in self.stages)
+        labels = [shown(s) for s in self.stages]
+        edges = [
+            f"{labels[src]} -> {labels[sid]}" for sid in graph.order for src in graph.inputs[sid]
+        ]
+        alone = [
+            labels[sid] for sid in graph.order if not graph.inputs[sid] and not graph.outputs[sid]
+        ]
+        return ", ".join(edges + alone)
 
     @property
     def final_output_types(self) -> dict[int, OutputType]:
@@ -230,8 +263,12 @@ class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, f
         return "async_chunk" if self.pipeline.async_chunk else "forward"
 
     def orchestrator_functions(self) -> dict[str, Any]:
-        """``prewarm_fn`` (async_chunk) or ``forward_fn`` (forward mode) for
-        :func:`omni_trio.open_orchestrator`, built from the stages' functions.
+        """``graph``, and ``prewarm_fn`` (async_chunk) or ``input_fn`` (forward mode)
+        for :func:`omni_trio.open_orchestrator`, built from the stages' functions.
+
+        In forward mode a stage's ``custom_process_input_func`` gets the list of
+        what the stage it reads sent; a stage that reads several (a join) gets a
+        ``dict``: per stage it reads on the request's route, by id, that list.
 
         Raises:
           ConfigError: a function's import path cannot be imported (named by key).
@@ -247,7 +284,7 @@ class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, f
                 func = prewarm.get(stage_id)
                 return None if func is None else func(prompt)
 
-            return {"prewarm_fn": prewarm_fn}
+            return {"graph": self.stage_inputs, "prewarm_fn": prewarm_fn}
         process = {
             s.stage_id: _import(
                 f"stages[{s.stage_id}].custom_process_input_func", s.custom_process_input_func
@@ -256,11 +293,17 @@ class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, f
             if s.custom_process_input_func
         }
 
-        def forward_fn(stage_id: int, outputs: list[Any]) -> Any:
-            func = process.get(stage_id + 1)
-            return outputs if func is None else func(outputs)
+        joins = {sid for sid, sources in enumerate(self.stage_inputs) if len(sources) > 1}
 
-        return {"forward_fn": forward_fn}
+        def input_fn(stage_id: int, outputs: dict[int, list[Any]]) -> Any:
+            func = process.get(stage_id)
+            if stage_id in joins:
+                data: Any = outputs
+            else:
+                (data,) = outputs.values()
+            return data if func is None else func(data)
+
+        return {"graph": self.stage_inputs, "input_fn": input_fn}
 
     @property
     def orchestrator_options(self) -> dict[str, Any]:
@@ -443,23 +486,35 @@ def _check(config: PipelineConfig, source: str | None) -> None:
             value = getattr(stage, field)
             if value is not None and not _IMPORT_PATH.match(value):
                 fail(f"{key}.{field}", f"{value!r} is not an import path 'package.module:name'")
-        expected = [] if index == 0 else [index - 1]
-        if stage.engine_input_source is not None and stage.engine_input_source != expected:
-            fail(
-                f"{key}.engine_input_source",
-                f"pipelines are linear, so stage {index} reads "
-                f"{'the prompt ([])' if index == 0 else f'stage {index - 1} ([{index - 1}])'}, "
-                f"got {stage.engine_input_source}",
-            )
-        if stage.prewarm_func is not None and (index == 0 or not config.pipeline.async_chunk):
+        sources = stage.engine_input_source
+        if sources is not None:
+            for read in sources:
+                if read == index:
+                    fail(f"{key}.engine_input_source", f"stage {index} cannot read itself")
+                if not 0 <= read < len(config.stages):
+                    fail(
+                        f"{key}.engine_input_source",
+                        f"there is no stage {read} (stages 0..{len(config.stages) - 1})",
+                    )
+            if len(set(sources)) != len(sources):
+                fail(f"{key}.engine_input_source", f"names a stage twice: {sources}")
+            if len(sources) > 1 and config.pipeline.async_chunk:
+                fail(
+                    f"{key}.engine_input_source",
+                    f"stage {index} reads stages {sources}, and a stage's engine reads one "
+                    "chunk stream in async_chunk mode: a join needs async_chunk = false "
+                    "(its input is then a dict of what each stage sent, by id)",
+                )
+        reads_prompt = (sources == []) if sources is not None else index == 0
+        if stage.prewarm_func is not None and (reads_prompt or not config.pipeline.async_chunk):
             fail(
                 f"{key}.prewarm_func",
-                "only stages after the first, in async_chunk mode, are prewarmed",
+                "only stages that read another stage, in async_chunk mode, are prewarmed",
             )
         if stage.sample_rate < 1:
             fail(f"{key}.sample_rate", f"must be a positive integer (Hz), got {stage.sample_rate}")
-        if stage.custom_process_input_func is not None and index == 0:
-            fail(f"{key}.custom_process_input_func", "stage 0's input is the prompt")
+        if stage.custom_process_input_func is not None and reads_prompt:
+            fail(f"{key}.custom_process_input_func", f"stage {index}'s input is the prompt")
         if stage.final_output_type == "transcript" and not stage.final_output:
             fail(
                 f"{key}.final_output_type",
@@ -479,6 +534,10 @@ def _check(config: PipelineConfig, source: str | None) -> None:
         )
     if not config.final_stage_ids:
         fail("stages", "no stage has final_output = true: nothing would reach the user")
+    try:
+        config.graph  # noqa: B018 - checked as it is built
+    except ValueError as exc:  # a cycle: every id is known by now
+        fail("stages.engine_input_source", str(exc))
     if config.pipeline.async_chunk and config.pipeline.connector == "none":
         fail(
             "pipeline.connector",

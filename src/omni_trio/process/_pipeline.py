@@ -108,7 +108,8 @@ async def open_stages(
                 openers["ray"] = partial(open_ray_stage, ray_address=address)
             connector = None
             if config.pipeline.async_chunk and config.pipeline.connector == "shm":
-                routes = {s.stage_id - 1: [s.stage_id] for s in config.stages if s.stage_id}
+                graph = config.graph
+                routes = {sid: list(out) for sid, out in enumerate(graph.outputs) if out}
                 connector = await stack.enter_async_context(
                     open_shm_connector(
                         routes,

@@ -159,10 +159,16 @@ class Replica:
     # -- what its stage sends it ------------------------------------------------------
 
     async def submit(
-        self, request_id: str, inputs: Any, replicas: dict[int, int] | None = None
+        self,
+        request_id: str,
+        inputs: Any,
+        replicas: dict[int, int] | None = None,
+        *,
+        edges: tuple[list[int], list[int]] | None = None,
     ) -> None:
         """Send the request to the worker (``replicas``: which replica of each stage
-        downstream reads its chunks, see ``wire.Submit``); as
+        downstream reads its chunks; ``edges``: the stages its chunks come from and
+        go to on its route, ``None``: every neighbour; see ``wire.Submit``); as
         :meth:`ProcessStage.submit <omni_trio.process.ProcessStage.submit>` says.
 
         Raises:
@@ -179,6 +185,8 @@ class Replica:
         submit = wire.Submit(request_id, inputs, life, outputs, nbytes)
         if replicas:
             submit.replicas = replicas
+        if edges is not None:
+            submit.sources, submit.targets = edges
         frame = wire.encode(submit)
         if outputs:
             self._flow_controlled.add(request_id)  # until its release

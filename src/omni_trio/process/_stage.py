@@ -22,6 +22,7 @@ import attrs
 import trio
 
 from .._errors import unwrap_single_exception
+from .._graph import Route
 from .._messages import StageItem, StageOutput
 from .._util import NoPublicConstructor, final, stage_label
 from ._connection import WorkerStartError
@@ -374,12 +375,16 @@ class ProcessStage(metaclass=NoPublicConstructor):
 
     # -- the Stage protocol -----------------------------------------------------------
 
-    async def submit(self, request_id: str, inputs: Any) -> None:
-        """Send the request to its replica's worker. While a restart of that replica
-        is under way it returns at once, and the request goes to its next worker when
-        it is ready, after those submitted before it; if none is ready within
-        ``options.startup_timeout`` (or the replica dies for good meanwhile), that
-        request alone fails: an error output for it (``WorkerUnavailableError:
+    #: ``submit`` takes the request's route (see :class:`~omni_trio.Stage`).
+    takes_routes = True
+
+    async def submit(self, request_id: str, inputs: Any, *, route: Route | None = None) -> None:
+        """Send the request to its replica's worker, with where its chunks come from
+        and go to on its ``route`` (``None``: from and to every neighbour). While a
+        restart of that replica is under way it returns at once, and the request goes
+        to its next worker when it is ready, after those submitted before it; if none
+        is ready within ``options.startup_timeout`` (or the replica dies for good
+        meanwhile), that request alone fails: an error output for it (``WorkerUnavailableError:
         ...``) comes on :attr:`outputs`. An ``abort`` or ``release`` of it meanwhile
         cancels it: nothing reaches a worker. A new request goes to a replica that
         has a worker whenever one has.
@@ -389,15 +394,19 @@ class ProcessStage(metaclass=NoPublicConstructor):
           WorkerUnavailableError: the stage has no worker any more (its replicas died
               for good, or it is closed).
         """
+        edges = None
+        if route is not None:
+            sid = self.stage_id
+            edges = (list(route.inputs[sid]), list(route.outputs[sid]))
         placement = self._placement
         if not placement.pooled:  # no replicas here or downstream: straight through
-            await self._replicas[0].submit(request_id, inputs)
+            await self._replicas[0].submit(request_id, inputs, edges=edges)
             return
         placed = placement.place(request_id)
         replica = self._replica_of(request_id, placed)
         placement.submitted(request_id, self.stage_id)  # released even if it fails
         routes = {target: placed[target] for target in self._targets if target in placed}
-        await replica.submit(request_id, inputs, routes)
+        await replica.submit(request_id, inputs, routes, edges=edges)
 
     async def credit(self, request_id: str, outputs: int, nbytes: int) -> None:
         """Flow control (see :class:`~omni_trio.Stage`): the first credit of a request

@@ -25,6 +25,7 @@ import attrs
 import trio
 import trio.testing
 
+from .._graph import Route
 from .._messages import OrchOutput, StageItem, StageOutput
 from .._orchestrator import Orchestrator, open_orchestrator
 from .._pipeline import Pipeline
@@ -93,10 +94,12 @@ class _TracedStage:
     def reports_releases(self) -> bool:
         return self.stage.reports_releases
 
-    async def submit(self, request_id: str, inputs: Any) -> None:
+    takes_routes = True
+
+    async def submit(self, request_id: str, inputs: Any, *, route: Route | None = None) -> None:
         self._trace.record("submit", self.stage_id, request_id, summary(inputs))
         self.open.add(request_id)
-        await self.stage.submit(request_id, inputs)
+        await self.stage.submit(request_id, inputs, route=route)
 
     async def abort(self, request_id: str) -> None:
         self._trace.record("abort", self.stage_id, request_id)

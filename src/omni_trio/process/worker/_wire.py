@@ -142,6 +142,12 @@ class Submit(_Message):
     replicas: dict[int, int] = {}
     """Which replica of each downstream stage reads this request's chunks (a stage
     not named: replica 0)."""
+    sources: list[int] | None = None
+    """The stages whose chunks it reads on its route (``[]``: none, it entered here:
+    its chunk stream is empty); ``None``: its upstream's."""
+    targets: list[int] | None = None
+    """The stages its chunks go to on its route (a subset of the worker's targets);
+    ``None``: all of them."""
 
 
 class Credit(_Message):

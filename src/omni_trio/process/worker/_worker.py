@@ -121,9 +121,14 @@ class Worker:
                 request.credit = OutputCredit(message.outputs, message.nbytes)
             if self.init.chunks:
                 replicas = message.replicas
+                wanted = message.targets
                 request.links = [
-                    self.outlink(target, replicas.get(target, 0)) for target in self.init.targets
+                    self.outlink(target, replicas.get(target, 0))
+                    for target in self.init.targets
+                    if wanted is None or target in wanted
                 ]
+                if message.sources == []:  # it entered here: no chunk will come
+                    request.eof = True
             nursery.start_soon(self._run, message.request_id, message.inputs, request)
         elif kind is wire.Credit:
             credited = self.requests.get(message.request_id)
