@@ -404,3 +404,14 @@ def test_a_graph_configs_join_gets_its_inputs_by_stage(monkeypatch):
 def test_graph_errors_name_the_key(change, message):
     with pytest.raises(ConfigError, match=message):
         parse_pipeline(GRAPH.replace(*change))
+
+
+def test_the_fan_in_config_of_the_docs_is_a_valid_graph():
+    """docs/config.md's stage graph: listen fans out to prosody and the thinker,
+    which joins them."""
+    text = (Path(__file__).parents[1] / "docs" / "config.md").read_text()
+    section = text.split("## Stage graphs", 1)[1]
+    sample = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    config = parse_pipeline(sample, source="docs/config.md")
+    assert config.stage_inputs == [[], [0], [0, 1]]
+    assert config.stage_chain == "listen -> prosody, listen -> thinker, prosody -> thinker"

@@ -582,7 +582,8 @@ class OrchestratorCore:
     def abort(self, request_id: str) -> bool:
         """End ``request_id`` now; a no-op (returning ``False``) if it is not in flight.
 
-        Every live stage submitted for the request gets a :class:`StageAbort`. The user
+        Every live stage submitted for the request that has not finished it gets a
+        :class:`StageAbort` (every one its :class:`StageRelease`). The user
         gets one ``"aborted"`` terminal -- unless every final stage had already finished and
         the terminal was only held for a straggler: then the held ``"completed"``
         terminal (which carries the last final data) is released instead.

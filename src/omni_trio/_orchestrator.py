@@ -173,7 +173,7 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         after its terminal output. They do not appear in :meth:`next_output`.
         Leaving the block before the terminal was received -- ``break``, an
         exception, an enclosing cancel scope or deadline -- aborts the request: every
-        stage it was submitted to gets ``abort``, and the block's exit waits
+        stage still running it gets ``abort``, and the block's exit waits
         (shielded, up to ``shutdown_grace`` seconds) for the request's terminal, so
         that afterwards :attr:`RequestStream.terminal` holds it: ``"aborted"``, with
         its metrics -- or the terminal that had already arrived unread. Outputs
@@ -233,10 +233,10 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         """End a request now.
 
         Returns once the abort is handed to the orchestrator, which carries it out in
-        order with everything handed to it before. Every stage the request was
-        submitted to gets ``abort(request_id)`` (in the background, after any submit
-        still queued for it); the request's stream gets
-        one terminal with ``finish_reason="aborted"`` and ``stage_id = last_stage``,
+        order with everything handed to it before. Every stage still running the
+        request gets ``abort(request_id)`` (in the background, after any submit
+        still queued for it; a stage that finished it gets only its release); the
+        request's stream gets one terminal with ``finish_reason="aborted"`` and ``stage_id = last_stage``,
         and anything the stages send for it later is dropped. If every final stage
         had already finished and the terminal was only held for a straggling stage,
         the held ``"completed"`` terminal is released instead: the user already has
