@@ -237,10 +237,11 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         request gets ``abort(request_id)`` (in the background, after any submit
         still queued for it; a stage that finished it gets only its release); the
         request's stream gets one terminal with ``finish_reason="aborted"`` and
-        ``stage_id = last_stage``, and anything the stages send for it later is dropped. If every final stage
-        had already finished and the terminal was only held for a straggling stage,
-        the held ``"completed"`` terminal is released instead: the user already has
-        all the final data, and it carries the last of it.
+        ``stage_id = last_stage``, and anything the stages send for it later is
+        dropped. If every final stage had already finished and the terminal was only
+        held for a straggling stage, the held ``"completed"`` terminal is released
+        instead: the user already has all the final data, and it carries the last of
+        it.
 
         Aborting an unknown or already-ended request, or after shutdown, is a no-op.
 
