@@ -659,6 +659,10 @@ def _timeline_title(thinker: str, engines: str) -> str:
     return said if thinker == "simulated" else f"{_THINKER_TITLES[thinker]} thinker, {said}"
 
 
+#: Every request's route, under the table: where it enters, what its user gets.
+ROUTE = "route: in at thinker, out at thinker (text) and code2wav (audio)"
+
+
 def results_table(
     results: list[LevelResult],
     engines: str = "simulated",
@@ -676,7 +680,10 @@ def results_table(
     measured.
     """
     where = "in worker processes" if pacing is None else "in virtual time"
-    table = Table(title=f"thinker -> talker -> code2wav {where}: {_title(thinker, engines)}")
+    table = Table(
+        title=f"thinker -> talker -> code2wav {where}: {_title(thinker, engines)}",
+        caption=ROUTE,
+    )
     columns = ("mode", "conc.", "reqs", "TTFT ms", "TTFP ms", "E2E ms", "RTF", "tok/s")
     for column in columns:
         table.add_column(column, justify="left" if column == "mode" else "right", no_wrap=True)
