@@ -305,8 +305,8 @@ def test_the_voice_pipeline_config():
     assert functions(1, utterance(text="hi", context=[{"role": "user", "text": "a"}])) == [
         {"role": "user", "text": "a"}
     ]
-    forward = config.with_mode(async_chunk=False).orchestrator_functions()["forward_fn"]
-    assert forward(0, ["I heard you."]) == "I heard you."
+    forward = config.with_mode(async_chunk=False).orchestrator_functions()["input_fn"]
+    assert forward(1, {0: ["I heard you."]}) == "I heard you."  # the thinker's input
 
 
 @pytest.mark.parametrize(

@@ -167,3 +167,34 @@ async def test_a_bad_graph_is_refused_when_the_orchestrator_opens(fw):
     with pytest.raises(ValueError, match="the stage graph has 2 stages, the pipeline 3"):
         async with fw.open_orchestrator(stages_of(fw, 3), {1}, graph=[[], [0]], prewarm_fn=warm):
             pass  # pragma: no cover
+
+
+async def test_a_reused_ids_next_life_waits_for_its_last_release_everywhere():
+    """Stages take their commands independently: a reused id's submit at one stage
+    must not overtake its previous life's release at another (a process stage's
+    per-id state would take the two lives for one). It waits for every release."""
+    import trio
+
+    from omni_trio import open_orchestrator
+    from omni_trio.testing import ScriptedStage
+
+    release_done = trio.Event()
+
+    class SlowRelease(ScriptedStage):
+        async def release(self, request_id):
+            await release_done.wait()
+            await super().release(request_id)
+
+    stages = [ScriptedStage(), SlowRelease()]
+    async with open_orchestrator(stages, {0, 1}, prewarm_fn=warm) as orch:
+        await orch.add_request("r", "p")
+        await orch.abort("r")  # stage 1's release hangs
+        await trio.testing.wait_all_tasks_blocked()
+        await orch.add_request("r", "again")
+        await trio.testing.wait_all_tasks_blocked()
+        assert stages[0].submissions == [("r", "p")]  # its next life waits
+        release_done.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert stages[0].submissions == [("r", "p"), ("r", "again")]
+        assert stages[1].submissions == [("r", "warm1:1"), ("r", "warm1:5")]
+        assert orch.statistics().commands_queued == (0, 0)

@@ -137,24 +137,20 @@ class ReqState:
     request_id: str
     seq: int
     route: Route
+    final_stage_ids: frozenset[int]
+    last_stage: int
     arrival: float
-    final_stage_ids: frozenset[int] = attrs.field(init=False)
-    last_stage: int = attrs.field(init=False)
     submitted: set[int] = attrs.field(factory=set)
     finished: set[int] = attrs.field(factory=set)
     pending_final: OrchOutput | None = None
     forward_data: dict[int, list[Any]] = attrs.field(factory=dict)
     forward_bytes: int = 0
-    forward_sizes: dict[int, int] = attrs.field(factory=dict)
+    forward_sizes: dict[int, int] | None = None
     last_heard: dict[int, float] = attrs.field(factory=dict)
     submit_times: dict[int, float] = attrs.field(factory=dict)
     first_output: dict[int, float] = attrs.field(factory=dict)
     finish_times: dict[int, float] = attrs.field(factory=dict)
     num_outputs: int = 0
-
-    def __attrs_post_init__(self) -> None:
-        self.final_stage_ids = self.route.finals
-        self.last_stage = self.route.last_stage
 
 
 def validate_final_stage_ids(final_stage_ids: Iterable[int], num_stages: int) -> frozenset[int]:
@@ -398,7 +394,7 @@ class OrchestratorCore:
             route = self.request_route(entry_stage_ids, final_stage_ids)
         self._seq += 1
         self.admitted += 1
-        st = ReqState(request_id, self._seq, route, self.now)
+        st = ReqState(request_id, self._seq, route, route.finals, route.last_stage, self.now)
         for sid in route.stages:
             if self.stage_deaths[sid] is not None:
                 self._end(st, self._error(st, sid, self._death_message(sid)))
@@ -482,7 +478,10 @@ class OrchestratorCore:
                         f"bytes for the next stage's input (max_forward_bytes)",
                     )
                     return
-                st.forward_sizes[stage_id] = st.forward_sizes.get(stage_id, 0) + size
+                sizes = st.forward_sizes
+                if sizes is None:
+                    sizes = st.forward_sizes = {}
+                sizes[stage_id] = sizes.get(stage_id, 0) + size
             st.forward_data.setdefault(stage_id, []).append(data)
 
         if stage_id in st.final_stage_ids:
@@ -641,7 +640,8 @@ class OrchestratorCore:
             for src in sources:  # forget what no stage will read any more
                 if all(reader in st.submitted for reader in route.outputs[src]):
                     st.forward_data.pop(src, None)
-                    st.forward_bytes -= st.forward_sizes.pop(src, 0)
+                    if st.forward_sizes is not None:
+                        st.forward_bytes -= st.forward_sizes.pop(src, 0)
 
     def _death_message(self, stage_id: int) -> str:
         return f"{self.stage_labels[stage_id]} died: {self.stage_deaths[stage_id]}"

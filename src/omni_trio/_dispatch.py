@@ -102,6 +102,7 @@ class Dispatcher:
         self._slots = slots
         self._wants_release = tuple(callable(getattr(s, "release", None)) for s in stages)
         self._takes_credit = tuple(callable(getattr(s, "credit", None)) for s in stages)
+        self._takes_routes = tuple(getattr(s, "takes_routes", False) is True for s in stages)
         #: Every request's outputs not yet taken by its consumer, and its credit.
         self.flow = FlowLedger(
             core.num_stages,
@@ -122,6 +123,11 @@ class Dispatcher:
         #: Requests read through a stream, by id: where their outputs go.
         self.streams: dict[str, Sink] = {}
         self._admitting: set[str] = set()  # ids sent by callers, not yet seen by the handler
+        #: Per request id: its releases handed to the stages and not yet delivered;
+        #: and the commands of the id's next life, held until they are (see
+        #: :meth:`_command`).
+        self._releasing: dict[str, int] = {}
+        self._held: dict[str, list[StageCommand]] = {}
         self._drains: list[Call] = []
 
     # -- the callers' side -------------------------------------------------------------
@@ -193,8 +199,41 @@ class Dispatcher:
     def _send_credit(self, credit: StageCredit) -> None:
         """A consumer took enough of a request's outputs: give its stage credit back."""
         if self.accepting:
-            self._send_command(credit)
-            self.undelivered[credit.stage_id] += 1
+            self._command(credit)
+
+    def _command(self, command: StageCommand) -> None:
+        """Hand ``command`` to its stage's delivery -- unless it is of a request id
+        whose previous life is still being released somewhere: then it waits until
+        every one of those releases was delivered. Each stage takes its commands in
+        order, but stages take theirs independently: without this, a reused id's
+        next submit at one stage could overtake its last release at another, and
+        the stages' own per-id state (the connector's lives, the replicas'
+        placement) would take the two lives for one."""
+        request_id = command.request_id
+        held = self._held.get(request_id)
+        if held is not None:
+            held.append(command)
+            return
+        if type(command) is StageRelease:
+            self._releasing[request_id] = self._releasing.get(request_id, 0) + 1
+        elif request_id in self._releasing:
+            self._held[request_id] = [command]
+            return
+        self._send_command(command)
+        self.undelivered[command.stage_id] += 1
+
+    def _released(self, request_id: str) -> None:
+        """A release of ``request_id`` was delivered; once all were, the commands of
+        its next life go."""
+        left = self._releasing[request_id] - 1
+        if left:
+            self._releasing[request_id] = left
+            return
+        del self._releasing[request_id]
+        held = self._held.pop(request_id, None)
+        if held is not None and self.accepting:
+            for command in held:
+                self._command(command)
 
     def expire(self, now: float) -> None:
         """Run the watchdog and the consumers' idle check at ``now``."""
@@ -262,9 +301,9 @@ class Dispatcher:
         core = self.core
         commands = core.take_commands()
         if self.accepting:  # after the shutdown's aborts went out, stages get nothing
-            undelivered = self.undelivered
             wants_release = self._wants_release
             takes_credit = self._takes_credit
+            send = self._command
             for command in commands:
                 kind = type(command)
                 if kind is StageRelease and not wants_release[command.stage_id]:
@@ -272,10 +311,8 @@ class Dispatcher:
                 if kind is StageSubmit and takes_credit[command.stage_id]:
                     credit = self.flow.first_credit(command.stage_id, command.request_id)
                     if credit is not None:  # before the submit: its window to send in
-                        self._send_command(credit)
-                        undelivered[command.stage_id] += 1
-                self._send_command(command)
-                undelivered[command.stage_id] += 1
+                        send(credit)
+                send(command)
         streams = self.streams
         results = self._results
         slots = self._slots
@@ -325,7 +362,7 @@ class Dispatcher:
         if type(command) is StageSubmit:
             if self.accepting:
                 try:
-                    if getattr(stage, "takes_routes", False) is True:
+                    if self._takes_routes[stage_id]:
                         await stage.submit(command.request_id, command.inputs, route=command.route)
                     else:
                         await stage.submit(command.request_id, command.inputs)
@@ -346,13 +383,16 @@ class Dispatcher:
                     "stage %d: credit(%r) raised", stage_id, command.request_id, exc_info=True
                 )
         else:
-            action = "release" if type(command) is StageRelease else "abort"
+            release = type(command) is StageRelease
+            action = "release" if release else "abort"
             try:
                 await getattr(stage, action)(command.request_id)
             except Exception:
                 self._logger.warning(
                     "stage %d: %s(%r) raised", stage_id, action, command.request_id, exc_info=True
                 )
+            if release:
+                self._released(command.request_id)
         self.undelivered[stage_id] -= 1
 
     def settle(self, leftovers: Iterable[InboxMessage]) -> None:

@@ -68,10 +68,11 @@ class Route:
     stages: tuple[int, ...]
     inputs: tuple[tuple[int, ...], ...]
     outputs: tuple[tuple[int, ...], ...]
+    last_stage: int = attrs.field(init=False, eq=False)
+    """``max(finals)``: the stage an ``"aborted"`` terminal names."""
 
-    @property
-    def last_stage(self) -> int:
-        """``max(finals)``: the stage an ``"aborted"`` terminal names."""
+    @last_stage.default
+    def _last_stage(self) -> int:
         return max(self.finals)
 
     def __contains__(self, stage_id: object) -> bool:

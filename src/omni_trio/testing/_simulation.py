@@ -56,12 +56,14 @@ class RequestRecord:
       opened_at, left_at: Virtual times its block was entered and left.
       left_early: Its block was left before its terminal was read: the outputs
           it had not read were skipped.
+      final_stage_ids: Its route's final stages (``None`` until it was opened).
     """
 
     index: int
     request_id: str
     prompt: Any
     outputs: list[OrchOutput] = attrs.Factory(list)
+    final_stage_ids: frozenset[int] | None = None
     opened_at: float = 0.0
     left_at: float | None = None
     left_early: bool = False
@@ -263,6 +265,7 @@ class SimulatedPipeline:
         block's body was doing is cancelled, and the ``async with`` ends quietly)."""
         index = len(self.requests)
         record = RequestRecord(index, request_id or "", prompt, opened_at=trio.current_time())
+        record.final_stage_ids = self.orchestrator.route(final_stage_ids=final_stage_ids).finals
         self.requests.append(record)
         trace = self.trace
         try:

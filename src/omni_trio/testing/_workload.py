@@ -1,5 +1,6 @@
 """A seeded run: a workload and a fault plan, both drawn from one seed, through a
-simulated pipeline of three stages of two replicas, and every invariant checked.
+simulated pipeline of three stages of two replicas -- a line, or a fan-out from
+stage 0 to stages 1 and 2, as the seed draws -- and every invariant checked.
 
 :func:`simulate` is one run (a plain function: it makes its own ``trio.run``);
 :func:`shrink` takes a failing run's plan and drops faults while it still fails;
@@ -30,7 +31,15 @@ from ._simulation import RequestRecord, SimulatedPipeline, open_simulated_pipeli
 from ._streams import LINK_BUFFER
 from ._trace import Trace
 
-__all__ = ["BUGS", "SimulationResult", "run_seeds", "shrink", "simulate", "workload_config"]
+__all__ = [
+    "BUGS",
+    "SHAPES",
+    "SimulationResult",
+    "run_seeds",
+    "shrink",
+    "simulate",
+    "workload_config",
+]
 
 #: Items stage 0 makes per request, and its pace.
 COUNT, DELAY = 4, 0.01
@@ -44,6 +53,10 @@ CONSUMER_IDLE_TIMEOUT = 0.5
 #: Test-only bugs :func:`simulate` can switch on, each a way the pipeline could be
 #: wrong that the invariants must catch.
 BUGS = ("chunk-ownership",)
+
+#: The workload's stage graphs: ``"line"`` (0 -> 1 -> 2, finals 0 and 2) and
+#: ``"fan-out"`` (0 -> 1 and 0 -> 2, every stage final).
+SHAPES = ("line", "fan-out")
 
 _CONFIG = f"""
 [pipeline]
@@ -60,6 +73,7 @@ engine = "omni_trio.testing._engines:{engine}"
 engine_args = {args}
 final_output = {final}
 {prewarm}
+{reads}
 [stages.runtime]
 backend = "inprocess"
 replicas = {replicas}
@@ -70,13 +84,17 @@ shutdown_grace = {grace}
 """
 
 
-def workload_config(replicas: int = 2) -> PipelineConfig:
+def workload_config(replicas: int = 2, shape: str = "line") -> PipelineConfig:
     """Three stages of ``replicas`` workers each, streaming to each other: stage 0
-    makes ``<prompt>:<i>``, stages 1 and 2 pass it on upper-cased; 0 and 2 are
-    final."""
+    makes ``<prompt>:<i>``, stages 1 and 2 pass it on upper-cased. ``shape`` (one
+    of :data:`SHAPES`): ``"line"``, 0 -> 1 -> 2 with 0 and 2 final; ``"fan-out"``,
+    stage 0 streams to 1 and to 2, and all three are final."""
+    if shape not in SHAPES:
+        raise ValueError(f"shape must be one of {', '.join(SHAPES)}; got {shape!r}")
+    fan_out = shape == "fan-out"
     stages = [
         ("source", f"{{ count = {COUNT}, delay = {DELAY} }}", "true"),
-        ("relay", "{}", "false"),
+        ("relay", "{}", "true" if fan_out else "false"),
         ("relay", "{}", "true"),
     ]
     text = _CONFIG + "".join(
@@ -88,6 +106,7 @@ def workload_config(replicas: int = 2) -> PipelineConfig:
             replicas=replicas,
             grace=GRACE,
             prewarm='prewarm_func = "omni_trio.demo.engines:prewarm"' if sid else "",
+            reads="engine_input_source = [0]" if fan_out and sid else "",
         )
         for sid, (engine, args, final) in enumerate(stages)
     )
@@ -162,7 +181,7 @@ def _belongs(record: RequestRecord, out: OrchOutput) -> bool:
 def _complete(record: RequestRecord) -> str | None:
     if record.left_early:  # what it did not read was skipped: nothing to check
         return None
-    for stage_id in (0, 2):
+    for stage_id in sorted(record.final_stage_ids or ()):
         got = [o.data for o in record.outputs if o.stage_id == stage_id and o.data is not None]
         expected = expected_items(str(record.prompt), COUNT, stage_id)
         if got != expected:
@@ -179,9 +198,15 @@ def _count_tasks(task: trio.lowlevel.Task | None = None) -> int:
     )
 
 
-async def _consume(sim: SimulatedPipeline, prompt: str, request_id: str, leave_after: int) -> bool:
-    """Read a request; whether it completed."""
-    async with sim.open_request(prompt, request_id=request_id) as stream:
+async def _consume(
+    sim: SimulatedPipeline,
+    prompt: str,
+    request_id: str,
+    leave_after: int,
+    finals: frozenset[int] | None,
+) -> bool:
+    """Read a request (its route: to ``finals``); whether it completed."""
+    async with sim.open_request(prompt, request_id=request_id, final_stage_ids=finals) as stream:
         read = 0
         async for _ in stream:
             read += 1
@@ -191,18 +216,28 @@ async def _consume(sim: SimulatedPipeline, prompt: str, request_id: str, leave_a
     return terminal is not None and terminal.finish_reason == "completed"
 
 
-async def _workload(sim: SimulatedPipeline, rng: random.Random, requests: int) -> None:
+async def _workload(
+    sim: SimulatedPipeline, rng: random.Random, routes: random.Random, requests: int
+) -> None:
     """``requests`` requests, arriving over :data:`ARRIVALS` seconds. A third of the
     consumers leave after one or three outputs; a consumer whose request did not
     complete retries at once, half the time, under the same id (a client's retry),
-    and another request takes an ended id now and then."""
+    and another request takes an ended id now and then. A third of the requests
+    run to some of the pipeline's final stages only (their routes drawn from
+    ``routes``, apart from ``rng``'s draws)."""
     ended: list[str] = []  # ids free to use again
     budget = iter(range(requests))
+    pipeline_finals = sorted(sim.config.final_stage_ids)
+
+    def route() -> frozenset[int] | None:
+        if routes.random() < 2 / 3:
+            return None
+        return frozenset(routes.sample(pipeline_finals, routes.randint(1, len(pipeline_finals))))
 
     async def one(index: int, request_id: str) -> None:
         while True:
             leave_after = rng.choice([0, 0, 0, 0, 1, 3])
-            completed = await _consume(sim, f"p{index}", request_id, leave_after)
+            completed = await _consume(sim, f"p{index}", request_id, leave_after, route())
             if completed or rng.random() < 0.5:
                 break
             retry = next(budget, None)
@@ -251,7 +286,7 @@ async def _run(
     tasks_before = _count_tasks()
     async with open_simulated_pipeline(config, seed=seed, faults=faults) as sim:
         with trio.move_on_after(TIME_LIMIT) as limit:
-            await _workload(sim, rng, requests)
+            await _workload(sim, rng, random.Random(f"routes {seed}"), requests)
             last = max((f.at + f.duration for f in faults), default=0.0)
             await trio.sleep_until(sim.trace.start + last + 1.0)  # every fault is over
             found += await _tables_left(sim)
@@ -291,8 +326,10 @@ def simulate(
     """One seeded run: ``requests`` requests (some leaving early, some reusing an
     ended request's id) and ``faults`` (default: ``fault_count`` drawn from
     ``seed``) through :func:`workload_config`'s pipeline, in virtual time; then
-    every invariant checked. ``bug`` switches on one of :data:`BUGS`."""
-    config = config or workload_config()
+    every invariant checked. ``bug`` switches on one of :data:`BUGS`. The default
+    config's shape (:data:`SHAPES`) is drawn from the seed too."""
+    if config is None:
+        config = workload_config(shape=random.Random(f"shape {seed}").choice(SHAPES))
     replicas = config.stages[0].runtime.replicas
     if faults is None:
         faults = FaultPlan.random(
