@@ -743,8 +743,10 @@ async def _run_client(plan: dict[str, Any]) -> dict[str, Any]:
 
 async def _warm_up(pipeline: Any) -> None:
     """A question straight to the orchestrator, read to its first audio: every
-    worker has run its engine once (Whisper's first decode is slow)."""
-    prompt = {"audio": speak(QUESTIONS[0]), "sample_rate": RATE, "context": []}
+    worker has run its engine once (Whisper's first decode is slow). The last
+    question, which no session's turns ask: a language model would answer a turn
+    it had been asked before from its prompt cache."""
+    prompt = {"audio": speak(QUESTIONS[-1]), "sample_rate": RATE, "context": []}
     audio_stage = len(pipeline.stages) - 1
     async with pipeline.orchestrator.open_request(prompt) as stream:
         async for out in stream:
