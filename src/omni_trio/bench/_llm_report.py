@@ -270,6 +270,8 @@ def _cancel_table(cancel: dict[str, Any], goals_by_key: dict[str, Any]) -> Table
         f"<= {_ms(row['limit'])}",
         show_met(row["met"]),
     )
+    ratio = cancel["after_ttft"]["p50"] / cancel["idle_ttft"]["p50"]
+    table.add_row("after / idle (medians)", f"{ratio:.2f}x", "", "", "", "")
     return table
 
 
@@ -342,7 +344,8 @@ def print_llm_report(report: dict[str, Any], console: Console) -> None:
         f"aborted once {cancel['abort_after']} tokens came, the question submitted "
         f"{_ms(cancel['submitted']['p50'])} ms later (p50). First token: from the question's "
         "open_request. Slot free: llama.cpp's GET /slots, polled from the abort until the "
-        "story's task left the slot (the answer's arrival)."
+        "story's task left the slot (the answer's arrival). With one slot the question "
+        "waits for that one: its first token comes later by about the slot's release."
     )
     gap = heartbeat["gap"]
     row = goals_by_key["heartbeat.longest_gap"]
