@@ -9,7 +9,8 @@ process scenarios run, each beside its floor (see
 Then the replica pools (:mod:`omni_trio.bench._replicas_report`), under
 ``"replicas"``, and the Ray scenarios, under ``"ray"``. The voice scenarios
 (:mod:`omni_trio.bench._voice_report`), under ``"voice"``, run alone (``--only
-voice``): at the pace of speech, they take minutes.
+voice``): at the pace of speech, they take minutes; and so do the language model's
+(:mod:`omni_trio.bench._llm_report`), under ``"llm"`` (``--only llm``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ._latency import LOADS
+from ._llm_report import print_llm_report, run_llm_bench
 from ._process_report import header, print_header, print_process_report, run_process_bench
 from ._ray_report import print_ray_report, ray_installed, run_ray_bench
 from ._replicas_report import print_replicas_report, run_replicas_bench
@@ -64,9 +66,9 @@ ROWS = [
 def run_bench(*, quick: bool, command: str, only: str | None = None) -> dict[str, Any] | None:
     """Run the in-process scenarios, then the process scenarios, then the replica
     pools, then the Ray scenarios if Ray is installed (``only``: ``"inprocess"``,
-    ``"process"``, ``"replicas"``, ``"ray"`` or ``"voice"``, just those); the
-    report, or ``None`` if a run failed (its error output is printed)."""
-    if only in ("process", "replicas", "ray", "voice"):
+    ``"process"``, ``"replicas"``, ``"ray"``, ``"voice"`` or ``"llm"``, just those);
+    the report, or ``None`` if a run failed (its error output is printed)."""
+    if only in ("process", "replicas", "ray", "voice", "llm"):
         report: dict[str, Any] | None = header(command=command, quick=quick)
     else:
         report = _run_inprocess(quick=quick, command=command)
@@ -78,6 +80,12 @@ def run_bench(*, quick: bool, command: str, only: str | None = None) -> dict[str
         if voice is None:
             return None
         report["voice"] = voice
+        return report
+    if only == "llm":
+        llm = run_llm_bench(quick=quick, console=console)
+        if llm is None:
+            return None
+        report["llm"] = llm
         return report
     if only in (None, "process"):
         process = run_process_bench(quick=quick, console=console)
@@ -193,8 +201,8 @@ def _format(value: float, kind: str) -> str:
 
 def print_report(report: dict[str, Any]) -> None:
     """The comparison table, then the goals; then the process scenarios', the replica
-    pools', the Ray scenarios' and the voice scenarios' (a report may hold any part
-    alone)."""
+    pools', the Ray scenarios', the voice scenarios' and the language model's (a
+    report may hold any part alone)."""
     if "results" in report:
         _print_inprocess(report)
     if "process" in report:
@@ -213,6 +221,10 @@ def print_report(report: dict[str, Any]) -> None:
         if not {"results", "process", "replicas", "ray"} & report.keys():
             print_header(report, Console())
         print_voice_report(report, Console())
+    if "llm" in report:
+        if not {"results", "process", "replicas", "ray", "voice"} & report.keys():
+            print_header(report, Console())
+        print_llm_report(report, Console())
 
 
 def _print_inprocess(report: dict[str, Any]) -> None:

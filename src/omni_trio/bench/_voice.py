@@ -30,7 +30,14 @@ would have been recorded), silence between the questions, which eSpeak NG speaks
   clock: where the speech really ended (the question's last sample above
   :data:`SPEECH_LEVEL`), where the VAD put the end (``audio_end_ms``), and the wall
   time from sending the speech's last chunk to ``speech_stopped``. And whether each
-  session heard its own question and the answer quoted it (isolation).
+  session heard its own question and the answer quoted it (isolation). The
+  server's side of each turn, from its ``speech_stopped``: the served orchestrator
+  is tapped, so each response's request has its outputs stamped as its session
+  takes them -- when it was admitted, its transcript, the answer's first text, the
+  talker's first phrase complete in that text, the first audio, the text's end.
+  :func:`turns_part` runs another shipped pipeline too, in one mode or both: the
+  language model's bench (:mod:`omni_trio.bench._llm`) times ``assistant``'s turns
+  with it.
 - ``barge-in``: one session, a slow thinker (:data:`BARGE_IN_THINKER`), questions
   chained: each new question starts the moment the previous answer's first audio
   arrives, so it interrupts that answer, and its own answer is the next trial's.
@@ -70,6 +77,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import attrs
@@ -248,9 +256,10 @@ def speech_bounds(pcm: bytes) -> tuple[float, float]:
     return float(loud[0]) * 1000 / RATE, float(loud[-1] + 1) * 1000 / RATE
 
 
-def voice_config(**thinker: Any) -> PipelineConfig:
-    """The shipped ``voice`` pipeline, its thinker's ``engine_args`` overridden."""
-    config = shipped_pipeline("voice")
+def voice_config(name: str = "voice", /, **thinker: Any) -> PipelineConfig:
+    """The shipped pipeline ``name`` (``voice``, or ``assistant``: the language model
+    as thinker), its thinker's ``engine_args`` overridden."""
+    config = shipped_pipeline(name)
     stages = [
         msgspec.structs.replace(s, engine_args={**s.engine_args, **thinker})
         if s.name == "thinker" and thinker
@@ -548,22 +557,69 @@ async def _client(plan: dict[str, Any]) -> dict[str, Any]:
 
 
 @attrs.define
+class _Stamps:
+    """A response's orchestrator request, as its session took the outputs
+    (``perf_counter``): when it was admitted, each stage's first and last output,
+    and when the text stage's text completed the talker's first phrase (or ended
+    short of one)."""
+
+    admitted: float
+    kinds: dict[str, int]  # the final stages by output type: text, transcript, audio
+    splitter: Any  # the talker's PhraseSplitter, fed the text stage's outputs
+    first: dict[int, float] = attrs.field(factory=dict)
+    last: dict[int, float] = attrs.field(factory=dict)
+    phrase: float | None = None
+
+    def took(self, batch: Sequence[Any], at: float) -> None:
+        text = self.kinds.get("text")
+        for out in batch:
+            if out.data is None or out.finished:
+                continue
+            self.first.setdefault(out.stage_id, at)
+            self.last[out.stage_id] = at
+            if out.stage_id == text and self.phrase is None and self.splitter.feed(out.data):
+                self.phrase = at
+
+    def at(self, kind: str, *, last: bool = False) -> float | None:
+        """When the final stage of output type ``kind`` gave its first output (its
+        last: ``last``)."""
+        stage = self.kinds.get(kind)
+        return None if stage is None else (self.last if last else self.first).get(stage)
+
+    def first_phrase(self) -> float | None:
+        """When the talker's first phrase was complete: its words, or the whole text."""
+        return self.at("text", last=True) if self.phrase is None else self.phrase
+
+
+@attrs.define
 class _Trace:
-    """What the sessions' trace hook saw: ``(session, what, ref) -> perf_counter``,
-    and each cancelled request's workers letting go (polled)."""
+    """What the sessions' trace hook saw: ``(session, what, ref) -> perf_counter``;
+    each cancelled request's workers letting go (polled); and each response's
+    request as its session took the outputs (:class:`_Stamps`), by response id."""
 
     stages: Sequence[Any]
     seen: dict[tuple[str, str, str], float] = attrs.field(factory=dict)
     cancelled: set[str] = attrs.field(factory=set)
     let_go: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    requests: dict[str, _Stamps] = attrs.field(factory=dict)
+    _reading: dict[Any, _Stamps] = attrs.field(factory=dict)  # by the task reading it
     _send: Any = None
 
     def __call__(self, session: str, what: str, ref: str) -> None:
         self.seen.setdefault((session, what, ref), time.perf_counter())
         if what == "response_cancelled":
             self.cancelled.add(ref)
-        elif what == "request_ended" and ref in self.cancelled and self._send is not None:
-            self._send.send_nowait(ref)
+        elif what == "request_ended":
+            # in the task that read the response's request: whose stamps are its
+            stamps = self._reading.pop(trio.lowlevel.current_task(), None)
+            if stamps is not None:
+                self.requests[ref] = stamps
+            if ref in self.cancelled and self._send is not None:
+                self._send.send_nowait(ref)
+
+    def reading(self, stamps: _Stamps) -> None:
+        """The current task reads the request of ``stamps`` (its response's)."""
+        self._reading[trio.lowlevel.current_task()] = stamps
 
     def at(self, session: str, what: str, ref: str) -> float | None:
         return self.seen.get((session, what, ref))
@@ -600,16 +656,66 @@ class _Trace:
         return {"at": None, "round": statistics.fmean(rounds), "rounds": len(rounds)}
 
 
+class _Tapped:
+    """An orchestrator whose requests' outputs are stamped as they are taken, into
+    ``trace`` (:meth:`_Trace.reading`); the rest is the orchestrator's own."""
+
+    def __init__(self, orchestrator: Any, trace: _Trace, config: PipelineConfig) -> None:
+        from ..speech import PhraseSplitter
+
+        self._orchestrator = orchestrator
+        self._trace = trace
+        self._kinds: dict[str, int] = {
+            kind: stage for stage, kind in config.final_output_types.items()
+        }
+        talker = next((s for s in config.stages if s.name == "talker"), None)
+        args = {} if talker is None else talker.engine_args
+        self._splitter = partial(
+            PhraseSplitter, args.get("first_phrase_words", 4), args.get("phrase_words", 12)
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._orchestrator, name)
+
+    @asynccontextmanager
+    async def open_request(self, prompt: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        stamps = _Stamps(time.perf_counter(), self._kinds, self._splitter())
+        self._trace.reading(stamps)
+        async with self._orchestrator.open_request(prompt, **kwargs) as stream:
+            yield _TappedStream(stream, stamps)
+
+
+class _TappedStream:
+    """A request's stream whose batches are stamped as they are taken."""
+
+    def __init__(self, stream: Any, stamps: _Stamps) -> None:
+        self._stream = stream
+        self._stamps = stamps
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    async def receive_batch(self) -> Any:
+        batch = await self._stream.receive_batch()
+        self._stamps.took(batch, time.perf_counter())
+        return batch
+
+
 @asynccontextmanager
 async def _served(
     pipeline: Any, config: PipelineConfig, *, speculate: bool, trace: _Trace
 ) -> AsyncIterator[str]:
-    """``pipeline`` served on a free port (it stays open after): the session URL."""
+    """``pipeline`` served on a free port (it stays open after): the session URL.
+    The server's requests are stamped into ``trace`` as their sessions read them."""
     from ..serve import RealtimeOptions, ServedModel, create_app, serve
+
+    tapped = SimpleNamespace(
+        orchestrator=_Tapped(pipeline.orchestrator, trace, config), stages=pipeline.stages
+    )
 
     @asynccontextmanager
     async def opener() -> AsyncIterator[Any]:
-        yield pipeline
+        yield tapped
 
     options = RealtimeOptions(speculate=speculate, trace=trace)
     model = ServedModel.from_config(config)
@@ -637,8 +743,10 @@ async def _run_client(plan: dict[str, Any]) -> dict[str, Any]:
 
 async def _warm_up(pipeline: Any) -> None:
     """A question straight to the orchestrator, read to its first audio: every
-    worker has run its engine once (Whisper's first decode is slow)."""
-    prompt = {"audio": speak(QUESTIONS[0]), "sample_rate": RATE, "context": []}
+    worker has run its engine once (Whisper's first decode is slow). The last
+    question, which no session's turns ask: a language model would answer a turn
+    it had been asked before from its prompt cache."""
+    prompt = {"audio": speak(QUESTIONS[-1]), "sample_rate": RATE, "context": []}
     audio_stage = len(pipeline.stages) - 1
     async with pipeline.orchestrator.open_request(prompt) as stream:
         async for out in stream:
@@ -694,14 +802,20 @@ def _packages() -> dict[str, str | None]:
     return {name: installed(name) for name in names}
 
 
-async def turns_part(sizes: Sizes) -> dict[str, Any]:
-    """Every concurrency level, with and without speculation, one pipeline for all."""
-    config = voice_config()
+async def turns_part(
+    sizes: Sizes, pipeline_name: str = "voice", speculation: Sequence[bool] = (True, False)
+) -> dict[str, Any]:
+    """Every concurrency level of ``sizes``, in each mode of ``speculation`` (with
+    it, without), one shipped pipeline for all (``voice``; ``assistant``, whose
+    thinker is the language model)."""
+    config = voice_config(pipeline_name)
     load = os.getloadavg()[0]
-    runs: dict[str, dict[str, Any]] = {"speculate": {}, "no_speculation": {}}
+    runs: dict[str, dict[str, Any]] = {
+        "speculate" if speculate else "no_speculation": {} for speculate in speculation
+    }
     async with open_pipeline(config) as pipeline:
         await _warm_up(pipeline)
-        for speculate in (True, False):
+        for speculate in speculation:
             trace = _Trace(pipeline.stages)
             async with _served(pipeline, config, speculate=speculate, trace=trace) as url:
                 for sessions, turns in zip(sizes.sessions, sizes.turns, strict=True):
@@ -723,6 +837,7 @@ async def turns_part(sizes: Sizes) -> dict[str, Any]:
                     key = "speculate" if speculate else "no_speculation"
                     runs[key][str(sessions)] = _turns_run(found, trace, sessions, turns)
     return {
+        "pipeline": pipeline_name,
         "silence_duration_ms": SILENCE_MS,
         "speculate_after_ms": min(150, SILENCE_MS // 2),
         "pause": sizes.pause,
@@ -745,19 +860,57 @@ def _questions(index: int, sessions: int, turns: int) -> list[str]:
 #: A turn's figures summarised, from ``speech_stopped`` (seconds).
 MILESTONES = ("transcript", "first_text", "first_audio", "done")
 HANGOVER = ("hangover", "vad_end_offset", "detect_delay")
+#: The server's side of a turn, from its ``speech_stopped`` (seconds), as the
+#: session took its response's outputs: the request admitted (before it, with
+#: speculation), the transcript, the answer's first text, the talker's first phrase
+#: complete in it, the first audio, and the text's end.
+SERVER_MILESTONES = (
+    "admitted",
+    "transcript",
+    "first_text",
+    "first_phrase",
+    "first_audio",
+    "text_done",
+)
+
+
+def _server_turn(trace: _Trace, session: str, turn: dict[str, Any]) -> dict[str, float | None]:
+    """The server's side of ``turn`` (:data:`SERVER_MILESTONES`); ``{}`` if the trace
+    missed it."""
+    stopped = trace.at(session, "speech_stopped", turn["item_id"])
+    stamps = trace.requests.get(turn["response_id"])
+    if stopped is None or stamps is None:
+        return {}
+    moments = {
+        "admitted": stamps.admitted,
+        "transcript": stamps.at("transcript"),
+        "first_text": stamps.at("text"),
+        "first_phrase": stamps.first_phrase(),
+        "first_audio": stamps.at("audio"),
+        "text_done": stamps.at("text", last=True),
+    }
+    return {key: None if at is None else at - stopped for key, at in moments.items()}
 
 
 def _turns_run(found: dict[str, Any], trace: _Trace, sessions: int, turns: int) -> dict[str, Any]:
     every = [turn for session in found["sessions"] for turn in session["turns"]]
     for session in found["sessions"]:
         for turn in session["turns"]:
-            server = trace.at(session["session_id"], "speech_stopped", turn["item_id"])
+            stopped = trace.at(session["session_id"], "speech_stopped", turn["item_id"])
             # the server's speech_stopped -> its arrival at the client
-            turn["stopped_transit"] = None if server is None else turn["speech_stopped_at"] - server
+            turn["stopped_transit"] = (
+                None if stopped is None else turn["speech_stopped_at"] - stopped
+            )
+            turn["server"] = _server_turn(trace, session["session_id"], turn)
     figures = {
         key: summary([t[key] for t in every if t[key] is not None])
         for key in (*MILESTONES, *HANGOVER, "stopped_transit")
         if any(t[key] is not None for t in every)
+    }
+    server = {
+        key: summary(values)
+        for key in SERVER_MILESTONES
+        if (values := [t["server"][key] for t in every if t["server"].get(key) is not None])
     }
     passed = [
         all(t["recall"] >= 0.6 and t["quoted"] for t in session["turns"])
@@ -772,6 +925,7 @@ def _turns_run(found: dict[str, Any], trace: _Trace, sessions: int, turns: int) 
         "split": sum(t["turns"] > 1 for t in every),
         "missing": {key: sum(t[key] is None for t in every) for key in MILESTONES},
         **figures,
+        "server": server,
         "isolation": {"sessions": sessions, "passed": sum(passed)},
         "wall": found["wall"],
         "cpu": {**found["cpu"], "client": found["client_cpu"]},

