@@ -127,8 +127,9 @@ def ray(session: nox.Session) -> None:
     # (what only worker processes do -- exit statuses, rings -- is skipped), the
     # stress test at the small size (at full size it runs on worker processes).
     stages = ["tests/test_process.py", "tests/test_restarts.py", "tests/test_inprocess.py"]
-    stages += ["tests/test_connector.py", "tests/test_dataplane.py", "tests/test_speech.py"]
-    # the listen stage (Whisper in a thread) as a Ray actor: one start, many questions
+    stages += ["tests/test_connector.py", "tests/test_dataplane.py"]
+    # an engine in a thread as a Ray actor: the listen stage (Whisper), one start,
+    # many questions (eSpeak NG's engines are threads too: this one stands for them)
     stages.append(
         "tests/test_listen.py::test_the_voice_pipeline_hears_spoken_questions_and_answers_them"
     )

@@ -21,6 +21,13 @@ FULL_SIZE = os.environ.get("OMNI_TRIO_TEST_SIZE", "full") != "small"
 ONLY_FULL_SIZE = pytest.mark.skipif(
     not FULL_SIZE, reason="a benchmark's smoke run: on the full-size Python only"
 )
+#: Marks a run of the command line end to end (a server or the demo in a process of
+#: its own): the command's code is the same on every Python, and the library under
+#: it is tested on every Python, so it runs on the full-size Python only (the suite
+#: on four Pythons stays within its time).
+END_TO_END = pytest.mark.skipif(
+    not FULL_SIZE, reason="the command line end to end: on the full-size Python only"
+)
 
 
 def view(outputs: Iterable[OrchOutput]) -> list[tuple[int, Any, bool]]:

@@ -17,6 +17,7 @@ import pytest
 import trio
 from rich.console import Console
 
+from helpers import END_TO_END
 from omni_trio.cli import main
 from omni_trio.config import shipped_pipeline
 from omni_trio.demo import runner
@@ -50,6 +51,7 @@ def fake_llm(monkeypatch, *, installed=(), missing=()):
         monkeypatch.setitem(sys.modules, module, None)
 
 
+@END_TO_END
 def test_the_demo_runs_both_modes_and_writes_a_wav(tmp_path, capsys, monkeypatch):
     fake_llm(monkeypatch, missing=LLM_MODULES)  # the thinker is the simulated one: "auto"
     output = tmp_path / "demo.wav"
@@ -72,6 +74,7 @@ def test_the_demo_runs_both_modes_and_writes_a_wav(tmp_path, capsys, monkeypatch
         assert wav.getnframes() == 10 * 4 * int(SAMPLE_RATE * 0.04)
 
 
+@END_TO_END
 def test_async_chunk_gets_the_first_audio_out_sooner(tmp_path):
     options = DemoOptions.quick(tmp_path / "x.wav")
     options.engines, options.concurrency, options.requests = "simulated", [1], 1

@@ -29,7 +29,7 @@ def joined(stage_id, outputs):
     return {src: list(data) for src, data in outputs.items()}
 
 
-@settings(max_examples=300, deadline=None)
+@settings(deadline=None)
 @given(graphs(), st.sampled_from(["forward", "async_chunk"]), st.data())
 def test_every_request_runs_its_route_and_gets_its_own_data(shape, mode, data):
     inputs, pipeline_finals = shape

@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
+from helpers import END_TO_END
 from omni_trio.demo.engines import response_tokens
 from test_signals import _default_sigint, _env, _group, _segments
 
@@ -263,6 +264,7 @@ def pcm_frames(data: bytes) -> int:
 # -- the tests ----------------------------------------------------------------------------
 
 
+@END_TO_END
 async def test_streams_text_and_wav_audio_with_the_openai_client(tmp_path):
     config = pipeline(tmp_path, tokens_per_second=200, max_tokens=12)
     prompt = "Tell me about the sea"
@@ -294,6 +296,7 @@ async def test_streams_text_and_wav_audio_with_the_openai_client(tmp_path):
     assert server.err.decode() == ""
 
 
+@END_TO_END
 async def test_max_request_bytes_and_max_unread_bytes_bound_what_the_server_holds(tmp_path):
     """``--max-request-bytes``: a longer body is refused with 413 before it is read;
     ``[pipeline] max_unread_bytes``: a whole answer over it fails naming the key (its
@@ -414,6 +417,7 @@ def ws_send(ws: Any, type: str, **fields: Any) -> None:
     ws.send(json.dumps({"type": type, **fields}))
 
 
+@END_TO_END
 async def test_the_realtime_flags_bound_the_servers_sessions(tmp_path):
     """``--realtime-max-sessions 1``: a second session is refused at the upgrade (503);
     ``--realtime-max-event-bytes``: a larger event gets an ``error`` naming the flag
@@ -459,6 +463,7 @@ async def test_the_realtime_flags_bound_the_servers_sessions(tmp_path):
     assert 1.5 < seen["idle_after"] < 10
 
 
+@END_TO_END
 async def test_with_no_config_it_serves_the_demo(tmp_path):
     async with serving(tmp_path) as server:
         assert server.model == MODEL
@@ -477,6 +482,7 @@ async def test_with_no_config_it_serves_the_demo(tmp_path):
         assert await server.exit_status() == 0, server.text()
 
 
+@END_TO_END
 async def test_it_serves_the_shipped_speech_pipeline(tmp_path):
     from omni_trio.speech import SAMPLE_RATE, ESpeak
 
@@ -497,6 +503,7 @@ async def test_it_serves_the_shipped_speech_pipeline(tmp_path):
         assert await server.exit_status() == 0, server.text()
 
 
+@END_TO_END
 async def test_a_client_that_hangs_up_aborts_its_request(tmp_path):
     config = pipeline(tmp_path, tokens_per_second=10, max_tokens=40)  # 4 s
     async with serving(tmp_path, str(config)) as server:
