@@ -52,8 +52,8 @@ class ProcessPipeline:
 
     @property
     def orchestrator_kwargs(self) -> dict[str, Any]:
-        """``prewarm_fn=`` or ``forward_fn=``, and ``stage_idle_timeout=``,
-        ``max_in_flight=`` and ``shutdown_grace=``, from the config."""
+        """``graph=``, ``prewarm_fn=`` or ``input_fn=``, and the ``[pipeline]``
+        options (``stage_idle_timeout=``, ``max_in_flight=``, ...), from the config."""
         return {**self.config.orchestrator_functions(), **self.config.orchestrator_options}
 
 
