@@ -113,3 +113,11 @@ def test_a_route_is_plain_frozen_data():
     assert route == StageGraph.of(DIAMOND).route(finals=[3])
     with pytest.raises(AttributeError):
         route.stages = ()  # type: ignore[misc]
+
+
+def test_default_entries_are_the_sources_that_lead_to_the_finals():
+    graph = StageGraph.of([[], [0], []])  # two sources: 0 feeds 1, 2 alone
+    assert graph.route(finals={1}).entries == {0}
+    assert graph.route(finals={1, 2}).entries == {0, 2}
+    with pytest.raises(ValueError, match="entry stage 2 reaches none of the final stages"):
+        graph.route([0, 2], {1})  # named entries are held to it

@@ -229,11 +229,11 @@ class OrchestratorCore:
         #: Which stage reads which.
         self.graph = graph
         #: The route of a request that names neither its entries nor its finals.
-        self.default_route = graph.route(
-            _entries_for(graph, self.final_stage_ids), self.final_stage_ids
-        )
+        self.default_route = graph.route(finals=self.final_stage_ids)
         self._routes: dict[tuple[frozenset[int] | None, frozenset[int] | None], Route] = {}
         self.mode: Mode = "async_chunk" if prewarm_fn is not None else "forward"
+        #: How error messages name the function that builds a stage's input.
+        self._input_fn_name = "input_fn" if forward_fn is None else "forward_fn"
         if forward_fn is not None:
             input_fn = _from_forward_fn(forward_fn)
         self.stage_idle_timeout = stage_idle_timeout
@@ -334,21 +334,9 @@ class OrchestratorCore:
             key, route = None, None
         if route is not None:
             return route
-        graph = self.graph
-        if final_stage_ids is not None:
-            finals = validate_final_stage_ids(final_stage_ids, self.num_stages)
-            if not finals <= self.final_stage_ids:
-                raise ValueError(
-                    f"a request's final_stage_ids must be a subset of the pipeline's "
-                    f"final stages {sorted(self.final_stage_ids)}, got {sorted(finals)}"
-                )
-        if entry_stage_ids is None:
-            assert final_stage_ids is not None
-            route = graph.route(_entries_for(graph, finals), finals)
-        else:
-            route = graph.route(
-                entry_stage_ids, final_stage_ids, allowed_finals=self.final_stage_ids
-            )
+        route = self.graph.route(
+            entry_stage_ids, final_stage_ids, allowed_finals=self.final_stage_ids
+        )
         if key is not None and len(self._routes) < _MAX_ROUTES:
             self._routes[key] = route
         return route
@@ -367,13 +355,15 @@ class OrchestratorCore:
         self,
         request_id: str,
         prompt: Any,
-        final_stage_ids: Iterable[int] | Route | None = None,
+        final_stage_ids: Iterable[int] | None = None,
         entry_stage_ids: Iterable[int] | None = None,
+        *,
+        route: Route | None = None,
     ) -> None:
         """Admit a request and issue its first submits.
 
-        Its route (see :meth:`request_route`; or ``final_stage_ids``, if that is a
-        :class:`~omni_trio._graph.Route` already) says which stages it runs.
+        Its route (``route``, one :meth:`request_route` made already; else made now
+        from ``entry_stage_ids`` and ``final_stage_ids``) says which stages it runs.
         async_chunk: ``submitted`` = every stage of the route, recorded before any
         submit is issued; the entries get ``prompt``, every other stage ``k``
         ``prewarm_fn(k, prompt)``. All placeholders are built first, so a failing
@@ -388,9 +378,7 @@ class OrchestratorCore:
               the route is not valid (see :meth:`request_route`).
         """
         self.check_new_id(request_id)
-        if isinstance(final_stage_ids, Route):
-            route = final_stage_ids
-        else:
+        if route is None:
             route = self.request_route(entry_stage_ids, final_stage_ids)
         self._seq += 1
         self.admitted += 1
@@ -628,7 +616,7 @@ class OrchestratorCore:
             try:
                 stage_input = input_fn(nxt, outputs)
             except Exception as exc:
-                name = _fn_name(input_fn)
+                name = self._input_fn_name
                 if len(sources) == 1:
                     where = f"from stage {sources[0]} to stage {nxt}"
                 else:
@@ -729,27 +717,6 @@ class OrchestratorCore:
 _MAX_ROUTES = 256
 
 
-def _entries_for(graph: StageGraph, finals: frozenset[int]) -> list[int]:
-    """A request's default entries: the graph's sources that lead to its finals (the
-    others would have nothing to do)."""
-    return [sid for sid in sorted(graph.sources) if _reaches(graph, sid, finals)]
-
-
-def _reaches(graph: StageGraph, start: int, targets: frozenset[int]) -> bool:
-    """Whether some path of ``graph`` leads from ``start`` to one of ``targets``."""
-    seen = {start}
-    todo = [start]
-    while todo:
-        sid = todo.pop()
-        if sid in targets:
-            return True
-        for nxt in graph.outputs[sid]:
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
-    return False
-
-
 def _from_forward_fn(forward_fn: ForwardFn) -> InputFn:
     """``forward_fn`` as an :data:`InputFn`: a stage reading one stage gets
     ``forward_fn(that_stage, its_outputs)``; a join gets that per input, by index."""
@@ -760,10 +727,4 @@ def _from_forward_fn(forward_fn: ForwardFn) -> InputFn:
             return forward_fn(src, data)
         return {src: forward_fn(src, data) for src, data in outputs.items()}
 
-    input_fn.__name__ = "forward_fn"
     return input_fn
-
-
-def _fn_name(fn: Callable[..., Any]) -> str:
-    name = getattr(fn, "__name__", "")
-    return name if name in ("forward_fn", "input_fn") else "input_fn"

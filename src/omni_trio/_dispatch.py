@@ -288,7 +288,7 @@ class Dispatcher:
     def _admit(self, message: AdmitRequest) -> None:
         rid = message.request_id
         self._admitting.discard(rid)
-        self.core.add_request(rid, message.prompt, message.route)
+        self.core.add_request(rid, message.prompt, route=message.route)
         self.flow.open(rid, message.route.finals)
         if message.sink is not None:  # before the flush: no output was routed yet
             self.streams[rid] = message.sink

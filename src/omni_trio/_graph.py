@@ -164,10 +164,11 @@ class StageGraph:
         *,
         allowed_finals: frozenset[int] | None = None,
     ) -> Route:
-        """The route from ``entries`` (``None``: the graph's sources) to ``finals``.
+        """The route from ``entries`` to ``finals``.
 
-        With ``finals=None``, the finals are those of ``allowed_finals`` (``None``:
-        every stage) that the entries reach.
+        With ``entries=None``, the entries are the graph's sources that lead to the
+        finals; with ``finals=None``, the finals are those of ``allowed_finals``
+        (``None``: every stage) that the entries reach.
 
         Raises:
           TypeError: not collections of stage indexes.
@@ -217,7 +218,9 @@ class StageGraph:
                     useful.add(src)
                     todo.append(src)
         idle = sorted(ins - useful)
-        if idle:
+        if idle and entries is None:  # sources with nothing to do for these finals
+            ins = ins & useful
+        elif idle:
             raise ValueError(
                 f"entry {_stages(idle)} reach{'' if len(idle) > 1 else 'es'} none of "
                 f"the final stages {sorted(outs)}"

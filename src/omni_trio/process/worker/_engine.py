@@ -38,8 +38,11 @@ class EngineRequest:
 
     Attributes:
       request_id: The request's id.
-      inputs: Stage 0: the prompt. Later stages: ``prewarm_fn``'s placeholder
-          (async_chunk) or ``forward_fn``'s input (forward mode).
+      inputs: Where the request enters (its route's entries; by default the
+          first stage): the prompt. Elsewhere: ``prewarm_fn``'s placeholder
+          (async_chunk) or ``input_fn``'s (``forward_fn``'s) input (forward mode).
+          In async_chunk mode an entry's chunk stream (``async for chunk in io``)
+          is empty.
       stage_id: The stage this engine serves.
     """
 
