@@ -5,9 +5,11 @@ one test runs real (in-process) workers."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 import trio
 
+from omni_trio import StageRequest
 from omni_trio.process import WorkerOptions, open_inprocess_stage, open_shm_connector
 from omni_trio.process._options import MAX_WINDOW, MIN_RING_BYTES, WINDOW, WINDOW_BYTES
 from omni_trio.process.worker import _shm
@@ -155,8 +157,9 @@ async def test_real_workers_are_routed_again_when_a_reader_restarts():
             await eventually(lambda: talker.statistics().restarts == 1)
             await eventually(lambda: connector.statistics().workers_attached == 2)
             assert connector.statistics().routes_sent == 4
-            await talker.submit("r", None)
-            await thinker.submit("r", "r")
+            request = StageRequest("r", "r")  # one admission: one life at both stages
+            await talker.submit(msgspec.structs.replace(request, inputs=None))
+            await thinker.submit(request)
             outs = []
             while not (outs and outs[-1].finished):
                 item = await talker.outputs.receive()
@@ -164,21 +167,6 @@ async def test_real_workers_are_routed_again_when_a_reader_restarts():
             assert [o.data for o in outs] == ["R:0:0", "R:0:1", "R:0:2", None]
             await thinker.release("r")
             await talker.release("r")
-
-
-async def test_the_stages_of_one_admission_share_a_life_and_a_reused_id_gets_a_new_one():
-    """Every stage submitting a request gets the same life; once one stage released it
-    (the request ended), the id's next submit, at any stage, starts a greater life --
-    and a late release of the old life does not end the new one."""
-    async with open_shm_connector({0: [1]}) as connector:
-        first = connector.life("r")
-        assert connector.life("r") == first  # stage 1, same admission
-        assert connector.life("other") > first
-        connector.end("r", first)  # stage 0 released it
-        second = connector.life("r")  # stage 0 submits the id again
-        assert second > first
-        connector.end("r", first)  # stage 1's late release of the first life
-        assert connector.life("r") == second  # stage 1's submit joins the second
 
 
 async def test_the_connector_knows_the_window_and_each_stage_its_senders_wait_for():

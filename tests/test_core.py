@@ -26,6 +26,13 @@ def ended_early(request_id, stages, finished=()):
     ]
 
 
+def submits(commands):
+    """The submits among ``commands``, as ``(stage, request id, inputs)``."""
+    return [
+        (c.stage_id, c.request_id, c.request.inputs) for c in commands if type(c) is StageSubmit
+    ]
+
+
 def chunk_core(final=(0, 2), stages=3):
     return OrchestratorCore(stages, set(final), prewarm_fn=warm)
 
@@ -40,11 +47,15 @@ class TestAdmission:
         core = chunk_core()
         core.add_request("r1", "hi there")
         assert core.state("r1").submitted == {0, 1, 2}
-        assert core.take_commands() == [
-            StageSubmit(0, "r1", "hi there", 1),
-            StageSubmit(1, "r1", "warm1:8", 1),
-            StageSubmit(2, "r1", "warm2:8", 1),
+        commands = core.take_commands()
+        assert submits(commands) == [
+            (0, "r1", "hi there"),
+            (1, "r1", "warm1:8"),
+            (2, "r1", "warm2:8"),
         ]
+        # One envelope per stage, the same life and route in each.
+        assert {c.request.life for c in commands} == {core.state("r1").seq}
+        assert {c.request.route for c in commands} == {core.state("r1").route}
         assert core.take_commands() == []  # taken once
 
     def test_stages_after_last_final_are_never_submitted(self):
@@ -55,7 +66,7 @@ class TestAdmission:
     def test_forward_submits_stage_zero_only(self):
         core = OrchestratorCore(3, {0, 2}, forward_fn=join_forward)
         core.add_request("r", "p")
-        assert core.take_commands() == [StageSubmit(0, "r", "p", 1)]
+        assert submits(core.take_commands()) == [(0, "r", "p")]
         assert core.state("r").submitted == {0}
 
     def test_duplicate_in_flight_id_is_refused_and_submits_nothing(self):
@@ -70,9 +81,20 @@ class TestAdmission:
     def test_an_ended_id_can_be_reused(self):
         core = chunk_core(final=(0,), stages=1)
         core.add_request("r", "p")
+        first = core.take_commands()[0].request.life
         feed(core, 0, "r", "x", finished=True)
         core.add_request("r", "q")
-        assert core.take_commands()[-1] == StageSubmit(0, "r", "q", 2)
+        last = core.take_commands()[-1]
+        assert submits([last]) == [(0, "r", "q")]
+        assert last.request.life > first  # a new life: nothing of the first is taken for it
+
+    def test_lives_are_unique_across_cores(self):
+        """Stages shared by successive orchestrators never see two admissions of one
+        id in the same life."""
+        one, two = chunk_core(final=(0,), stages=1), chunk_core(final=(0,), stages=1)
+        one.add_request("r", "p")
+        two.add_request("r", "p")
+        assert one.take_commands()[0].request.life != two.take_commands()[0].request.life
 
 
 class TestSeedExamples:
@@ -207,15 +229,15 @@ class TestForward:
     def test_end_to_end(self):
         core = OrchestratorCore(3, {0, 2}, forward_fn=join_forward)
         core.add_request("r", "prompt")
-        assert core.take_commands() == [StageSubmit(0, "r", "prompt", 1)]
+        assert submits(core.take_commands()) == [(0, "r", "prompt")]
         assert feed(core, 0, "r", "hi") == [(0, "hi", False)]
         assert feed(core, 0, "r", None) == [(0, None, False)]
         assert feed(core, 0, "r", "there", True) == [(0, "there", False)]
         # A final stage's outputs stream to the user and are also collected.
-        assert core.take_commands() == [StageSubmit(1, "r", "from0:hi|there", 1)]
+        assert submits(core.take_commands()) == [(1, "r", "from0:hi|there")]
         assert feed(core, 1, "r", "a") == []
         assert feed(core, 1, "r", "b", True) == []
-        assert core.take_commands() == [StageSubmit(2, "r", "from1:a|b", 1)]
+        assert submits(core.take_commands()) == [(2, "r", "from1:a|b")]
         assert feed(core, 2, "r", "w1") == [(2, "w1", False)]
         assert feed(core, 2, "r", "w2", True) == [(2, "w2", True)]
         assert core.in_flight == 0

@@ -18,7 +18,7 @@ import pytest
 import trio
 
 import process_engines
-from omni_trio import open_orchestrator
+from omni_trio import StageRequest, open_orchestrator
 from omni_trio.config import ConfigError, load_pipeline, parse_pipeline
 from omni_trio.process import (
     WorkerOptions,
@@ -281,8 +281,9 @@ async def test_an_inprocess_senders_ring_goes_with_its_worker():
         async with open_inprocess_stage(
             "process_engines:stream", engine_args={"count": 3}, connector=connector
         ) as thinker:
-            await talker.submit("y", None)
-            await thinker.submit("y", "y")
+            request = StageRequest("y", "y")  # one admission: one life at both stages
+            await talker.submit(msgspec.structs.replace(request, inputs=None))
+            await thinker.submit(request)
             outs = []
             while not (outs and outs[-1].finished):
                 item = await talker.outputs.receive()

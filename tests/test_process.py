@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from helpers import FULL_SIZE
+from omni_trio import StageRequest
 from omni_trio.process import (
     WorkerOptions,
     WorkerStartError,
@@ -373,7 +374,7 @@ async def test_a_worker_that_exits_fails_its_requests_with_its_exit_status(caplo
             assert [o.error async for o in stream] == [outs[-1].error]
         assert pipeline.stages[0].pid is None
         with pytest.raises(trio.BrokenResourceError, match="has no worker"):
-            await pipeline.stages[0].submit("late", "p")
+            await pipeline.stages[0].submit(StageRequest("late", "p"))
     assert "exited with status 3" in caplog.text
 
 

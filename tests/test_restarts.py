@@ -14,6 +14,7 @@ import signal
 import pytest
 import trio
 
+from omni_trio import StageRequest
 from omni_trio.process import WorkerOptions, open_process_stage, open_shm_connector
 from omni_trio.process.worker import _shm
 from processes import eventually, pipeline_config, running, worker_processes
@@ -313,7 +314,7 @@ async def test_an_abort_or_a_release_cancels_a_submit_waiting_for_a_restart(tmp_
         stage.kill()
         await eventually(lambda: stage.pid is None)
         for request_id in ("aborted", "released", "runs"):
-            await stage.submit(request_id, [request_id])  # returns at once
+            await stage.submit(StageRequest(request_id, [request_id]))  # returns at once
         assert stage.statistics().submits_waiting == 3
         await stage.abort("aborted")
         await stage.release("released")
@@ -346,7 +347,7 @@ async def test_a_process_stage_reports_its_statistics():
         assert (stats.workers_started, stats.restarts, stats.deaths) == (1, 0, 0)
         assert stats.in_flight == 0
         assert 0 <= stats.seconds_since_heard < 5
-        await stage.submit("r", "x")
+        await stage.submit(StageRequest("r", "x"))
         assert stage.statistics().in_flight == 1
         outs = []
         while not outs or not outs[-1].finished:
@@ -380,7 +381,7 @@ async def test_closing_a_stage_loses_nothing():
     death does."""
     async with open_shm_connector({0: [1]}) as connector:
         async with open_process_stage("process_engines:stream", connector=connector) as stage:
-            await stage.submit("r", "x")  # never released
+            await stage.submit(StageRequest("r", "x"))  # never released
         outputs = [item async for item in stage.outputs]
     assert outputs == []
 
@@ -397,7 +398,7 @@ async def test_a_sender_whose_reader_closed_for_good_drops_its_chunks():
         ):
             async with open_process_stage("process_engines:relay", stage_id=1, connector=connector):
                 pass
-            await thinker.submit("r", "r")
+            await thinker.submit(StageRequest("r", "r"))
             outs = []
             while not (outs and outs[-1].finished):
                 item = await thinker.outputs.receive()

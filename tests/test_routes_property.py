@@ -63,15 +63,15 @@ def test_every_request_runs_its_route_and_gets_its_own_data(shape, mode, data):
                 route = routes[command.request_id]
                 assert command.stage_id in route.stages, f"{key}: off its route"
                 if command.stage_id in route.entries:
-                    assert command.inputs == f"prompt {command.request_id}"
+                    assert command.request.inputs == f"prompt {command.request_id}"
                 elif mode == "forward":
                     expected = {
                         src: [f"{command.request_id}/{src}/{i}" for i in range(ITEMS)]
                         for src in route.inputs[command.stage_id]
                     }
                     assert all((command.request_id, src) in finished for src in expected)
-                    assert command.inputs == expected
-                submits[key] = command.inputs
+                    assert command.request.inputs == expected
+                submits[key] = command.request.inputs
                 sent[key] = 0
         outputs.extend(core.take_outputs())
 

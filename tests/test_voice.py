@@ -208,9 +208,9 @@ def record_calls(pipeline: Any, method: str) -> list[list[str]]:
 
 
 def _spy(real: Callable[..., Awaitable[None]], ids: list[str]) -> Callable[..., Awaitable[None]]:
-    async def spy(request_id: str, *args: Any, **kwargs: Any) -> None:
-        ids.append(request_id)
-        await real(request_id, *args, **kwargs)
+    async def spy(first: Any, *args: Any, **kwargs: Any) -> None:
+        ids.append(getattr(first, "request_id", first))  # a submit's envelope, or an id
+        await real(first, *args, **kwargs)
 
     return spy
 

@@ -6,6 +6,7 @@ from ._util import lazy_exports
 
 if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from ._driver import OrchestratorStatistics as OrchestratorStatistics
+    from ._errors import OmniTrioDeprecationWarning as OmniTrioDeprecationWarning
     from ._graph import Route as Route
     from ._graph import StageGraph as StageGraph
     from ._messages import FinishReason as FinishReason
@@ -13,6 +14,7 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from ._messages import RequestMetrics as RequestMetrics
     from ._messages import StageItem as StageItem
     from ._messages import StageOutput as StageOutput
+    from ._messages import StageRequest as StageRequest
     from ._orchestrator import Orchestrator as Orchestrator
     from ._orchestrator import open_orchestrator as open_orchestrator
     from ._pipeline import Pipeline as Pipeline
@@ -23,8 +25,16 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
 
 _EXPORTS = {
     "._driver": ["OrchestratorStatistics"],
+    "._errors": ["OmniTrioDeprecationWarning"],
     "._graph": ["Route", "StageGraph"],
-    "._messages": ["FinishReason", "OrchOutput", "RequestMetrics", "StageItem", "StageOutput"],
+    "._messages": [
+        "FinishReason",
+        "OrchOutput",
+        "RequestMetrics",
+        "StageItem",
+        "StageOutput",
+        "StageRequest",
+    ],
     "._orchestrator": ["Orchestrator", "open_orchestrator"],
     "._pipeline": ["Pipeline", "PipelineStatistics", "open_pipeline"],
     "._stage": ["Stage"],

@@ -6,10 +6,14 @@ shows what it got. No trio, no asyncio.
 
 from __future__ import annotations
 
+import inspect
 import math
+import warnings
 from typing import Any
 
 import attrs
+
+from ._errors import OmniTrioDeprecationWarning
 
 __all__ = [
     "check_max_in_flight",
@@ -18,6 +22,7 @@ __all__ = [
     "check_seconds",
     "check_stage_methods",
     "seconds",
+    "submit_is_legacy",
 ]
 
 
@@ -65,6 +70,34 @@ def check_stage_methods(index: int, stage: object) -> None:
     for name in ("submit", "abort"):
         if not callable(getattr(stage, name)):
             raise TypeError(f"stages[{index}].{name} must be an async method")
+
+
+def submit_is_legacy(index: int, stage: object) -> bool:
+    """Whether ``stage.submit`` still has the old signature, ``submit(request_id,
+    inputs)`` -- two positional parameters, where a stage now takes one
+    :class:`~omni_trio.StageRequest` -- and if so, say it is deprecated (an
+    :class:`~omni_trio.OmniTrioDeprecationWarning`): the orchestrator then calls it
+    the old way, for one version more."""
+    try:
+        parameters = inspect.signature(stage.submit).parameters.values()  # type: ignore[attr-defined]
+    except (TypeError, ValueError):  # no signature to read: take it as the new one
+        return False
+    positional = [
+        p
+        for p in parameters
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    if len(positional) < 2:
+        return False
+    warnings.warn(
+        f"stages[{index}] ({type(stage).__name__}): submit(request_id, inputs) is "
+        f"deprecated and goes in the next version; take the request's envelope instead, "
+        f"submit(request), where request.request_id and request.inputs are what it got, "
+        f"and request.life and request.route are new (see omni_trio.StageRequest)",
+        OmniTrioDeprecationWarning,
+        stacklevel=2,
+    )
+    return True
 
 
 def seconds(*, positive: bool) -> Any:

@@ -23,7 +23,7 @@ import msgspec
 
 from ._checks import check_positive_int, check_seconds
 from ._graph import Route, StageGraph, stage_ids
-from ._messages import OrchOutput, RequestMetrics, StageOutput
+from ._messages import OrchOutput, RequestMetrics, StageOutput, StageRequest, next_life
 from ._util import SIZELESS_TYPES, describe, output_size, stage_label
 
 __all__ = [
@@ -59,15 +59,22 @@ what stage ``k``, one of its inputs on the request's route, sent (forward mode).
 
 @attrs.frozen
 class StageSubmit:
-    """Command: call ``stages[stage_id].submit(request_id, inputs)``."""
+    """Command: call ``stages[stage_id].submit(request)``."""
 
     stage_id: int
-    request_id: str
-    inputs: Any
-    seq: int
-    """Admission number of the request; tells a reused request id's lives apart."""
-    route: Route | None = attrs.field(default=None, eq=False)
-    """The request's route (which stages it runs, and which read which)."""
+    request: StageRequest
+    """The envelope: the request's id, its inputs at this stage, its life (the
+    core's admission number, which tells a reused request id's lives apart) and its
+    route."""
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def seq(self) -> int:
+        """The request's life (:attr:`StageRequest.life`)."""
+        return self.request.life
 
 
 @attrs.frozen
@@ -257,7 +264,6 @@ class OrchestratorCore:
         #: Until its fence, a stage's outputs of that id are of an ended submission.
         self._fenced = frozenset(fenced_stages)
         self._fences: dict[tuple[str, int], int] = {}
-        self._seq = 0
         #: Totals since creation.
         self.admitted = 0
         self.completed = 0
@@ -380,9 +386,8 @@ class OrchestratorCore:
         self.check_new_id(request_id)
         if route is None:
             route = self.request_route(entry_stage_ids, final_stage_ids)
-        self._seq += 1
         self.admitted += 1
-        st = ReqState(request_id, self._seq, route, route.finals, route.last_stage, self.now)
+        st = ReqState(request_id, next_life(), route, route.finals, route.last_stage, self.now)
         for sid in route.stages:
             if self.stage_deaths[sid] is not None:
                 self._end(st, self._error(st, sid, self._death_message(sid)))
@@ -595,7 +600,8 @@ class OrchestratorCore:
     def _submit(self, st: ReqState, stage_id: int, stage_input: Any) -> None:
         st.submitted.add(stage_id)
         st.submit_times[stage_id] = self.now
-        self._commands.append(StageSubmit(stage_id, st.request_id, stage_input, st.seq, st.route))
+        request = StageRequest(st.request_id, stage_input, st.seq, st.route)
+        self._commands.append(StageSubmit(stage_id, request))
         if self.stage_idle_timeout is not None:
             st.last_heard[stage_id] = self.now
             deadline = self.now + self.stage_idle_timeout

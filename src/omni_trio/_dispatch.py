@@ -15,6 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
+from ._checks import submit_is_legacy
 from ._core import OrchestratorCore, StageCommand, StageCredit, StageRelease, StageSubmit
 from ._flow import FlowLedger, FlowLimits
 from ._inbox import (
@@ -102,7 +103,10 @@ class Dispatcher:
         self._slots = slots
         self._wants_release = tuple(callable(getattr(s, "release", None)) for s in stages)
         self._takes_credit = tuple(callable(getattr(s, "credit", None)) for s in stages)
-        self._takes_routes = tuple(getattr(s, "takes_routes", False) is True for s in stages)
+        #: Per stage: whether its submit is the deprecated ``(request_id, inputs)``.
+        self._legacy_submit = tuple(
+            submit_is_legacy(index, stage) for index, stage in enumerate(stages)
+        )
         #: Every request's outputs not yet taken by its consumer, and its credit.
         self.flow = FlowLedger(
             core.num_stages,
@@ -207,8 +211,9 @@ class Dispatcher:
         every one of those releases was delivered. Each stage takes its commands in
         order, but stages take theirs independently: without this, a reused id's
         next submit at one stage could overtake its last release at another, and
-        the stages' own per-id state (the connector's lives, the replicas'
-        placement) would take the two lives for one."""
+        state the stages share per request id (the replicas' placement, which a
+        credit reaches by id alone) would take the two lives for one. (Chunks and
+        outputs carry the life of their envelope, and need no such hold.)"""
         request_id = command.request_id
         held = self._held.get(request_id)
         if held is not None:
@@ -362,10 +367,10 @@ class Dispatcher:
         if type(command) is StageSubmit:
             if self.accepting:
                 try:
-                    if self._takes_routes[stage_id]:
-                        await stage.submit(command.request_id, command.inputs, route=command.route)
+                    if self._legacy_submit[stage_id]:
+                        await stage.submit(command.request_id, command.request.inputs)
                     else:
-                        await stage.submit(command.request_id, command.inputs)
+                        await stage.submit(command.request)
                 except Exception as exc:
                     self._logger.debug(
                         "stage %d: submit(%r) raised: %s",

@@ -1,4 +1,5 @@
-"""Keep internal exception groups away from users when there is only one error."""
+"""Keep internal exception groups away from users when there is only one error; and
+the warning that says what goes in the next version."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ from typing import NoReturn
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
-__all__ = ["unwrap_single_exception"]
+__all__ = ["OmniTrioDeprecationWarning", "unwrap_single_exception"]
+
+
+class OmniTrioDeprecationWarning(FutureWarning):
+    """Something you use goes in omni-trio's next version; the message says what
+    replaces it. A ``FutureWarning``, as ``trio.TrioDeprecationWarning`` is, so that
+    Python shows it by default (a ``DeprecationWarning`` raised inside a library is
+    hidden unless you ask for it)."""
 
 
 def _reraise(exc: BaseException) -> NoReturn:

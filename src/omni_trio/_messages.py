@@ -11,12 +11,67 @@ class. To copy an output with some fields changed, use
 # No ``from __future__ import annotations`` here: the structs' signatures are built
 # from their annotations, which must then be objects, not names to look up in the
 # module that re-exports them (``omni_trio``).
+import itertools
 from typing import Any, Literal
 
 import attrs
 import msgspec
 
-__all__ = ["FinishReason", "OrchOutput", "RequestMetrics", "StageItem", "StageOutput"]
+from ._graph import Route
+
+__all__ = [
+    "FinishReason",
+    "OrchOutput",
+    "RequestMetrics",
+    "StageItem",
+    "StageOutput",
+    "StageRequest",
+    "next_life",
+]
+
+_lives = itertools.count(1)
+
+
+def next_life() -> int:
+    """A new life number, greater than every one before in this process.
+
+    Every admission takes one (the core's ``seq``), so a life names one admission of
+    one request id, whichever orchestrator admitted it: stages shared by successive
+    orchestrators never take a reused id's two admissions for one.
+    """
+    return next(_lives)
+
+
+class StageRequest(msgspec.Struct, frozen=True):
+    """One request as a stage is handed it: the envelope that carries it from the
+    orchestrator's core to the stage's engine (through a
+    :class:`~omni_trio.process.ProcessStage`, to its worker, as it is).
+
+    Attributes:
+      request_id: The request's id; another request may use it once this one ended.
+      inputs: What the stage runs on: the prompt at an entry stage, ``prewarm_fn``'s
+          placeholder at another (async_chunk), what ``forward_fn``/``input_fn``
+          built (forward).
+      life: Which admission of ``request_id`` this is: a number, greater than every
+          one before in the process (the core's ``seq``; one made without it gets
+          a fresh one), the same at every stage of the request. Whatever a stage
+          keeps per request id, and every message its engine's workers exchange
+          about it, carries the life, so that a later request with the same id
+          never takes this one's chunks or outputs for its own.
+      route: The request's :class:`~omni_trio.Route`: its entries, its finals, every
+          stage between them and which reads which; a stage that streams to others
+          sends only to those on it. ``None`` (a stage called directly): every
+          neighbour.
+      priority: Room for a scheduling priority (lower runs first, as vLLM's); the
+          orchestrator sets 0 for now, and stages may ignore it.
+    """
+
+    request_id: str
+    inputs: Any = None
+    life: int = msgspec.field(default_factory=next_life)
+    route: Route | None = None
+    priority: int = 0
+
 
 FinishReason = Literal["completed", "aborted", "error"]
 """Why a request ended; carried only by its terminal :class:`OrchOutput`."""

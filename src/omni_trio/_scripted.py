@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ._messages import StageItem, StageOutput
+from ._messages import StageItem, StageOutput, StageRequest
 
 __all__ = ["ScriptedStageBase"]
 
@@ -26,7 +26,10 @@ class ScriptedStageBase:
         on_abort: Callable[[str], Awaitable[None]] | None = None,
         takes_credit: bool = False,
     ) -> None:
+        #: ``(request_id, inputs)`` of every ``submit``, in call order.
         self.submissions: list[tuple[str, Any]] = []
+        #: The envelope of every ``submit`` (its life and route too), in call order.
+        self.requests: list[StageRequest] = []
         self.aborts: list[str] = []
         self.releases: list[str] = []
         #: ``(request_id, outputs, nbytes)`` of every ``credit`` call, in call order
@@ -54,8 +57,10 @@ class ScriptedStageBase:
 
     # -- the Stage protocol ------------------------------------------------------------
 
-    async def submit(self, request_id: str, inputs: Any) -> None:
+    async def submit(self, request: StageRequest) -> None:
+        request_id, inputs = request.request_id, request.inputs
         self.submissions.append((request_id, inputs))
+        self.requests.append(request)
         if self._on_submit is not None:
             await self._on_submit(request_id, inputs)
         await self._checkpoint()

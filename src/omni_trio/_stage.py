@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 import trio
 
 from ._checks import check_stage_methods
-from ._messages import StageItem
+from ._messages import StageItem, StageRequest
 
 __all__ = ["Stage", "check_stage"]
 
@@ -48,12 +48,6 @@ class Stage(Protocol):
     later request with the same id never gets an earlier one's late outputs.
     (:class:`~omni_trio.process.ProcessStage` does.)
 
-    A stage that sets ``takes_routes = True`` is submitted with the request's route
-    as well, ``submit(request_id, inputs, route=route)`` (a :class:`~omni_trio.Route`:
-    its entries, its finals, and which of its stages reads which): a stage that
-    streams to others sends only to the ones on the route.
-    (:class:`~omni_trio.process.ProcessStage` does.)
-
     Two optional attributes make error messages say more:
 
     * ``name`` (a ``str``): messages name the stage ``stage 0 (thinker)`` instead of
@@ -77,8 +71,15 @@ class Stage(Protocol):
         ``trio.MemoryReceiveChannel`` is read in batches.
         """
 
-    async def submit(self, request_id: str, inputs: Any) -> None:
-        """Start work on a request. Raising fails that request only."""
+    async def submit(self, request: StageRequest) -> None:
+        """Start work on a request: ``request`` is its envelope, a
+        :class:`~omni_trio.StageRequest` (its id, its inputs here, its life, its
+        route). Raising fails that request only.
+
+        A stage written for omni-trio 0.x, ``submit(request_id, inputs)``, still
+        works for one version: the orchestrator calls it that way, with an
+        :class:`~omni_trio.OmniTrioDeprecationWarning` when it opens.
+        """
 
     async def abort(self, request_id: str) -> None:
         """Stop work on a request and free what it holds.

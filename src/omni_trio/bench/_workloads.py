@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from .. import StageOutput
+from .. import StageOutput, StageRequest
 from ..compare.frameworks import Framework
 
 __all__ = [
@@ -68,7 +68,8 @@ class BenchStage:
             rid: [StageOutput(rid, i, i == last) for i in range(self.k)] for rid in request_ids
         }
 
-    async def submit(self, request_id: str, inputs: Any) -> None:
+    async def submit(self, request: StageRequest) -> None:
+        request_id = request.request_id
         if not self.hold:  # one item: the request's outputs arrive together, as in one frame
             self.emit(self.prepared.pop(request_id))
         else:

@@ -48,7 +48,7 @@ from .._inbox import (
     ShutdownCall,
     StageDied,
 )
-from .._messages import OrchOutput, StageOutput
+from .._messages import OrchOutput, StageOutput, StageRequest
 from .._sink import OutboxBase, StreamBase
 from .._util import NoPublicConstructor, describe, final
 
@@ -107,7 +107,7 @@ class AsyncioStage(Protocol):
     @property
     def outputs(self) -> asyncio.Queue[Any] | AsyncIterator[StageOutput]: ...
 
-    async def submit(self, request_id: str, inputs: Any) -> None: ...
+    async def submit(self, request: StageRequest) -> None: ...
 
     async def abort(self, request_id: str) -> None: ...
 

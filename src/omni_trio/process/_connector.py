@@ -64,8 +64,6 @@ class ConnectorStatistics:
           report (see :meth:`ProcessStage.refresh_statistics`).
       chunk_bytes_unread: Their bytes: those that went inline, those held, and its
           rings' bytes in use.
-      lives: Request ids the connector is numbering a life for (submitted at some
-          stage and not released there yet).
       placed: Requests placed on replicas of its pooled stages and not released
           at every stage they were submitted to (0 without a pool).
     """
@@ -76,7 +74,6 @@ class ConnectorStatistics:
     shm_bytes: int
     chunks_unread: dict[int, int] = attrs.field(factory=dict)
     chunk_bytes_unread: dict[int, int] = attrs.field(factory=dict)
-    lives: int = 0
     placed: int = 0
 
     @property
@@ -152,8 +149,6 @@ class ShmConnector(metaclass=NoPublicConstructor):
         #: Which replica of each stage runs a request: one placement for the stages
         #: that stream to each other.
         self.placement = Placement()
-        self._lives: dict[str, int] = {}  # request id -> its current life
-        self._last_life = 0
 
     def statistics(self) -> ConnectorStatistics:
         """Return a snapshot of the workers it knows and the shared memory in use."""
@@ -179,7 +174,6 @@ class ShmConnector(metaclass=NoPublicConstructor):
             shm_bytes=sum(self.segments.size(name) for name in names),
             chunks_unread=chunks,
             chunk_bytes_unread=nbytes,
-            lives=len(self._lives),
             placed=len(self.placement),
         )
 
@@ -225,21 +219,6 @@ class ShmConnector(metaclass=NoPublicConstructor):
         """The ``startup_timeout`` of each stage reading stage ``stage_id``'s chunks
         (``WorkerOptions``' default for a stage it has not been told of)."""
         return {target: self._stage(target)[1] for target in self.targets(stage_id)}
-
-    def life(self, request_id: str) -> int:
-        """The life of ``request_id`` a stage submits it in: the current one's, or,
-        if it has none (its last one ended), a new one, greater than every before."""
-        life = self._lives.get(request_id)
-        if life is None:
-            self._last_life += 1
-            life = self._lives[request_id] = self._last_life
-        return life
-
-    def end(self, request_id: str, life: int) -> None:
-        """A stage released ``request_id``'s life ``life``: it is over (its next
-        submit, at any stage, starts a new one)."""
-        if self._lives.get(request_id) == life:
-            del self._lives[request_id]
 
     def _route(self, sender: WorkerConnection, target: int, replica: int) -> None:
         self._routes_sent += 1

@@ -20,7 +20,7 @@ from typing import Any
 
 import trio
 
-from .._messages import StageItem, StageOutput
+from .._messages import StageItem, StageOutput, StageRequest
 from .._util import describe, final
 from ._connection import WorkerConnection, WorkerStartError
 from ._connector import ShmConnector
@@ -115,8 +115,7 @@ class Replica:
         self._worker: WorkerConnection | None = None
         self.death_cause: str | None = None
         self._releases_for_next: list[str] = []  # released while there was no worker
-        self._lives: dict[str, int] = {}  # submitted, not released: the life it was in
-        self._own_lives = itertools.count(1)  # without a connector, lives are its own
+        self._lives: dict[str, int] = {}  # submitted, not released: its envelope's life
         self._stale_outputs = 0  # of its workers that have gone
         #: Submitted while there was no worker, in submit order: sent to the next one.
         self._pending: dict[str, _PendingSubmit] = {}
@@ -129,6 +128,7 @@ class Replica:
         self.started = 0
         self.restarts = 0
         self.deaths = 0
+        self.submitted = 0  # requests submitted to it, all of them so far
 
     @property
     def worker(self) -> WorkerConnection | None:
@@ -158,18 +158,12 @@ class Replica:
 
     # -- what its stage sends it ------------------------------------------------------
 
-    async def submit(
-        self,
-        request_id: str,
-        inputs: Any,
-        replicas: dict[int, int] | None = None,
-        *,
-        edges: tuple[list[int], list[int]] | None = None,
-    ) -> None:
-        """Send the request to the worker (``replicas``: which replica of each stage
-        downstream reads its chunks; ``edges``: the stages its chunks come from and
-        go to on its route, ``None``: every neighbour; see ``wire.Submit``); as
-        :meth:`ProcessStage.submit <omni_trio.process.ProcessStage.submit>` says.
+    async def submit(self, request: StageRequest, replicas: dict[int, int] | None = None) -> None:
+        """Send the request to the worker, in its life (``replicas``: which replica of
+        each stage downstream reads its chunks; the stages its chunks come from and
+        go to are those of its route, every neighbour without one; see
+        ``wire.Submit``); as :meth:`ProcessStage.submit
+        <omni_trio.process.ProcessStage.submit>` says.
 
         Raises:
           TypeError: ``inputs`` cannot travel as msgpack.
@@ -178,15 +172,18 @@ class Replica:
         """
         if self._worker is None and self.death_cause is not None:
             raise WorkerUnavailableError(f"{self.label} has no worker any more: {self.death_cause}")
-        connector = self._connector
-        life = next(self._own_lives) if connector is None else connector.life(request_id)
-        self._lives[request_id] = life  # ended at its release (even if encoding fails)
+        request_id, life, route = request.request_id, request.life, request.route
+        self.submitted += 1
+        self._lives[request_id] = life  # until its release (even if encoding fails)
         outputs, nbytes = self._windows.pop(request_id, (0, 0))
-        submit = wire.Submit(request_id, inputs, life, outputs, nbytes)
+        submit = wire.Submit(request_id, request.inputs, life, outputs, nbytes)
         if replicas:
             submit.replicas = replicas
-        if edges is not None:
-            submit.sources, submit.targets = edges
+        if route is not None:
+            sid = self.stage_id
+            submit.sources, submit.targets = list(route.inputs[sid]), list(route.outputs[sid])
+        if request.priority:
+            submit.priority = request.priority
         frame = wire.encode(submit)
         if outputs:
             self._flow_controlled.add(request_id)  # until its release
@@ -232,9 +229,7 @@ class Replica:
             self._releases_for_next.append(request_id)
         self._flow_controlled.discard(request_id)
         self._windows.pop(request_id, None)
-        life = self._lives.pop(request_id, None)
-        if life is not None and self._connector is not None:
-            self._connector.end(request_id, life)
+        self._lives.pop(request_id, None)
         await trio.lowlevel.checkpoint()
 
     async def send_fence(self, fence: StageOutput) -> bool:
@@ -396,6 +391,7 @@ class Replica:
             init.chunks = True
             init.listen = connector.reads(self.stage_id)
             init.targets = list(connector.targets(self.stage_id))
+            init.sources = list(connector.sources.get(self.stage_id, ()))
             init.inline_chunk_bytes = connector.inline_chunk_bytes
             init.ring_bytes = connector.ring_bytes
             init.window = connector.window

@@ -22,8 +22,7 @@ import attrs
 import trio
 
 from .._errors import unwrap_single_exception
-from .._graph import Route
-from .._messages import StageItem, StageOutput
+from .._messages import StageItem, StageOutput, StageRequest
 from .._util import NoPublicConstructor, final, stage_label
 from ._connection import WorkerStartError
 from ._connector import ShmConnector
@@ -57,6 +56,8 @@ class ReplicaStatistics:
           waiting for its next worker, and those placed on it and not submitted yet.
           What ``balance = "least_loaded"`` compares.
       workers_started, restarts, deaths: Its own counts.
+      submitted: Requests submitted to it so far (a request routed past its stage
+          is never counted: nothing reached it).
       seconds_since_heard: Since its current worker last sent anything; ``None``
           while it has none.
       death_cause: ``None`` while it has, or will have, a worker; else why not.
@@ -74,6 +75,7 @@ class ReplicaStatistics:
     node_id: str | None = None
     actor_id: str | None = None
     death_cause: str | None = None
+    submitted: int = 0
 
 
 @attrs.frozen
@@ -90,6 +92,9 @@ class ProcessStageStatistics:
       pid: The current worker's process id; ``None`` while there is none, and
           always for an in-process stage.
       workers_started: Workers spawned so far (the current one included).
+      submitted: Requests submitted to the stage so far: what its workers were
+          asked to run. A request whose route passes the stage by is not among
+          them; nothing of it reaches the stage.
       restarts: How many times a dead worker was replaced.
       deaths: How many workers died (or could not be started after a death).
       seconds_since_heard: Since the current worker last sent anything (an output or
@@ -154,6 +159,7 @@ class ProcessStageStatistics:
     ring_bytes_in_use: int = 0
     outputs_queued: int = 0
     stale_outputs: int = 0
+    submitted: int = 0
     replicas: tuple[ReplicaStatistics, ...] = ()
 
 
@@ -332,6 +338,7 @@ class ProcessStage(metaclass=NoPublicConstructor):
                     node_id=None if place is None else place.node_id,
                     actor_id=None if place is None else place.actor_id,
                     death_cause=replica.death_cause,
+                    submitted=replica.submitted,
                 )
             )
         first = replicas[0]
@@ -348,6 +355,7 @@ class ProcessStage(metaclass=NoPublicConstructor):
             seconds_since_report=max(reported) if reported else None,
             outputs_queued=self.outputs.statistics().current_buffer_used,
             stale_outputs=sum(replica.stale_outputs for replica in self._replicas),
+            submitted=sum(replica.submitted for replica in self._replicas),
             replicas=tuple(replicas),
             **tables,
         )
@@ -375,12 +383,10 @@ class ProcessStage(metaclass=NoPublicConstructor):
 
     # -- the Stage protocol -----------------------------------------------------------
 
-    #: ``submit`` takes the request's route (see :class:`~omni_trio.Stage`).
-    takes_routes = True
-
-    async def submit(self, request_id: str, inputs: Any, *, route: Route | None = None) -> None:
-        """Send the request to its replica's worker, with where its chunks come from
-        and go to on its ``route`` (``None``: from and to every neighbour). While a
+    async def submit(self, request: StageRequest) -> None:
+        """Send the request (its envelope, as the orchestrator hands it on) to its
+        replica's worker, with its life, and where its chunks come from and go to on
+        its route (``None``: from and to every neighbour). While a
         restart of that replica is under way it returns at once, and the request goes
         to its next worker when it is ready, after those submitted before it; if none
         is ready within ``options.startup_timeout`` (or the replica dies for good
@@ -394,19 +400,16 @@ class ProcessStage(metaclass=NoPublicConstructor):
           WorkerUnavailableError: the stage has no worker any more (its replicas died
               for good, or it is closed).
         """
-        edges = None
-        if route is not None:
-            sid = self.stage_id
-            edges = (list(route.inputs[sid]), list(route.outputs[sid]))
         placement = self._placement
         if not placement.pooled:  # no replicas here or downstream: straight through
-            await self._replicas[0].submit(request_id, inputs, edges=edges)
+            await self._replicas[0].submit(request)
             return
+        request_id = request.request_id
         placed = placement.place(request_id)
         replica = self._replica_of(request_id, placed)
         placement.submitted(request_id, self.stage_id)  # released even if it fails
         routes = {target: placed[target] for target in self._targets if target in placed}
-        await replica.submit(request_id, inputs, routes, edges=edges)
+        await replica.submit(request, routes)
 
     async def credit(self, request_id: str, outputs: int, nbytes: int) -> None:
         """Flow control (see :class:`~omni_trio.Stage`): the first credit of a request

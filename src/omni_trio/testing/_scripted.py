@@ -31,6 +31,8 @@ class ScriptedStage(ScriptedStageBase):
     Attributes:
       submissions: ``(request_id, inputs)`` of every :meth:`submit` call, in call
           order (recorded before ``on_submit`` runs).
+      requests: The :class:`~omni_trio.StageRequest` of every :meth:`submit` call
+          (its life and route too), in call order.
       aborts: ``request_id`` of every :meth:`abort` call, in call order.
       releases: ``request_id`` of every :meth:`release` call, in call order.
       credits: ``(request_id, outputs, nbytes)`` of every ``credit`` call, in call

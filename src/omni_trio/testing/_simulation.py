@@ -25,8 +25,7 @@ import attrs
 import trio
 import trio.testing
 
-from .._graph import Route
-from .._messages import OrchOutput, StageItem, StageOutput
+from .._messages import OrchOutput, StageItem, StageOutput, StageRequest
 from .._orchestrator import Orchestrator, open_orchestrator
 from .._pipeline import Pipeline
 from .._util import final
@@ -96,12 +95,11 @@ class _TracedStage:
     def reports_releases(self) -> bool:
         return self.stage.reports_releases
 
-    takes_routes = True
-
-    async def submit(self, request_id: str, inputs: Any, *, route: Route | None = None) -> None:
-        self._trace.record("submit", self.stage_id, request_id, summary(inputs))
+    async def submit(self, request: StageRequest) -> None:
+        request_id = request.request_id
+        self._trace.record("submit", self.stage_id, request_id, summary(request.inputs))
         self.open.add(request_id)
-        await self.stage.submit(request_id, inputs, route=route)
+        await self.stage.submit(request)
 
     async def abort(self, request_id: str) -> None:
         self._trace.record("abort", self.stage_id, request_id)
