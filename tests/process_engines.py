@@ -391,3 +391,65 @@ def shows_its_inputs():
         yield request.inputs
 
     return engine
+
+
+def joins(sequential: bool = False):
+    """A fan-in: yields ``"<source>:<chunk>"`` for every chunk of every stage it
+    reads -- as they come (``io.chunks()``), or each source's whole stream in turn
+    (``io.source(k)``, for sources that do not wait on each other)."""
+
+    async def engine(request, io):
+        if sequential:
+            for source in io.sources:
+                async for chunk in io.source(source):
+                    yield f"{source}:{chunk.decode()}"
+        else:
+            async for source, chunk in io.chunks():
+                yield f"{source}:{chunk.decode()}"
+
+    return engine
+
+
+def deals(count: int = 0):
+    """Where a request enters: deals its words out to the stages that read it, one
+    each in turn (``send(to=)``), and yields each; with ``count``, sends that many
+    numbered words more the same way (to fill windows)."""
+
+    async def engine(request, io):
+        targets = io.targets
+        words = str(request.inputs).split() + [f"w{i}" for i in range(count)]
+        for i, word in enumerate(words):
+            await io.send(word.encode(), to=targets[i % len(targets)])
+            yield word
+
+    return engine
+
+
+def breaks_on(word: str):
+    """Relays as :func:`enters_or_relays` does, and raises on the chunk ``word``."""
+
+    async def engine(request, io):
+        async for chunk in io:
+            if chunk.decode() == word:
+                raise ValueError(f"the engine broke on {word!r}")
+            await io.send(chunk)
+            yield chunk.decode().upper()
+
+    return engine
+
+
+def misreads(how: str):
+    """Uses ``io`` wrongly, as ``how`` says: iterates a fan-in's ``io``, reads a
+    stage it does not read, sends to a stage that does not read it."""
+
+    async def engine(request, io):
+        if how == "iterate":
+            async for chunk in io:
+                yield chunk
+        elif how == "source":
+            io.source(7)
+        else:
+            await io.send(b"x", to=9)
+        yield None
+
+    return engine

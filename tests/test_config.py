@@ -391,11 +391,6 @@ def test_a_graph_configs_join_gets_its_inputs_by_stage(monkeypatch):
             r"^<config>: stages\.engine_input_source: the stages form a cycle: 1 -> 2 -> 1",
         ),
         (
-            ('async_chunk = false\nconnector = "none"', "async_chunk = true"),
-            r"^<config>: stages\[2\]\.engine_input_source: stage 2 reads stages \[0, 1\], "
-            r"and a stage's engine reads one chunk stream in async_chunk mode",
-        ),
-        (
             ("engine_input_source = [0, 1]", "engine_input_source = []"),
             r"^<config>: stages\[2\]\.custom_process_input_func: stage 2's input is the prompt",
         ),

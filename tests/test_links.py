@@ -156,9 +156,12 @@ async def test_small_chunks_go_inline_and_bigger_ones_through_the_ring(prefix):
         # Named under its worker's generation: its stage sweeps it when it dies.
         assert ring.name.startswith(f"{prefix}-0-1-")
         big = [frames[3], frames[5]]
-        assert frames[:2] == [wire.Chunk("r", 0, 0, data=b""), wire.Chunk("r", 1, 4, data=b"tiny")]
-        assert frames[4] == wire.Chunk("r", 3, 4, data=b"tiny")
-        assert frames[6] == wire.Chunk("r", 5, eos=True)
+        assert frames[:2] == [
+            wire.Chunk("r", 0, 0, data=b"", source=0),
+            wire.Chunk("r", 1, 4, data=b"tiny", source=0),
+        ]
+        assert frames[4] == wire.Chunk("r", 3, 4, data=b"tiny", source=0)
+        assert frames[6] == wire.Chunk("r", 5, eos=True, source=0)
         reader = RingReader.open(ring.name)
         try:
             for chunk, data in zip(big, [b"bigger", b"biggest"], strict=True):
@@ -209,7 +212,7 @@ async def test_a_request_has_at_most_a_window_of_chunks_unacknowledged(prefix):
         frames = await peer.frames(5)
         assert frames[-1] == wire.Waiting("r")
         await link.send("s", 0, memoryview(b"s"))  # not held by "r"'s window
-        assert await peer.frame() == wire.Chunk("s", 0, 1, data=b"s")
+        assert await peer.frame() == wire.Chunk("s", 0, 1, data=b"s", source=0)
         await peer.ack({"s": 1})
         assert r.done == 4  # another request's acknowledgement
         await peer.ack({"r": 1})
@@ -447,7 +450,7 @@ async def test_a_sender_waits_for_a_worker_at_most_its_readers_startup_timeout(p
         async with listening(first) as one:
             link.route(first, False)
             peer = await one.accept()
-            assert await peer.frame() == wire.Chunk("a", 0, 1, data=b"a")
+            assert await peer.frame() == wire.Chunk("a", 0, 1, data=b"a", source=0)
             assert (a.done, a.error) == (1, None)
         await peer.stream.aclose()  # the reader dies, its address with it
         lost = trio.current_time()
@@ -468,8 +471,8 @@ async def test_a_sender_waits_for_a_worker_at_most_its_readers_startup_timeout(p
         peer = await two.accept()
         await link.send("c", 0, memoryview(b"c"))
         assert await peer.frames(2) == [
-            wire.Lost("a", "stage 1's worker died with its chunks"),  # not released
-            wire.Chunk("c", 0, 1, data=b"c"),
+            wire.Lost("a", "stage 1's worker died with its chunks", source=0),  # not released
+            wire.Chunk("c", 0, 1, data=b"c", source=0),
         ]
         await peer.stream.aclose()
 
@@ -490,8 +493,8 @@ async def test_a_sender_with_no_reader_waits_for_a_route_and_a_gone_reader_drops
         link.route(address, False)
         peer = await listener.accept()
         assert await peer.frames(2) == [
-            wire.Chunk("r", 0, 1, data=b"a"),
-            wire.Chunk("r", 1, 1, data=b"b"),
+            wire.Chunk("r", 0, 1, data=b"a", source=0),
+            wire.Chunk("r", 1, 1, data=b"b", source=0),
         ]
         link.route("", True)  # gone: there will be no worker again
         assert link.gone
@@ -523,7 +526,7 @@ async def test_the_end_of_a_stream_returns_once_it_is_written(prefix):
         await settle()
         assert not ended.is_set()  # the reader reads nothing: it cannot be written
         frames = await peer.frames(7)
-        assert frames[-1] == wire.Chunk("r", 6, eos=True)
+        assert frames[-1] == wire.Chunk("r", 6, eos=True, source=0)
         with trio.fail_after(5):
             await ended.wait()
 
@@ -536,7 +539,7 @@ async def test_a_released_request_is_dropped_at_its_reader_and_its_acks_ignored(
         await link.send("r", 0, memoryview(b"a"))
         link.release("r")
         link.release("never-sent")  # nothing to tell
-        assert await peer.frames(2) == [wire.Chunk("r", 0, 1, data=b"a"), wire.Drop("r")]
+        assert await peer.frames(2) == [wire.Chunk("r", 0, 1, data=b"a", source=0), wire.Drop("r")]
         await peer.ack({"r": 1, "unknown": 3})  # late, or never ours: ignored
         await peer.nothing_more()
         assert link.usage() == (0, 0, 0, 0)  # nothing of it is held
@@ -582,7 +585,7 @@ async def test_a_readers_successor_hears_which_requests_went_with_it(prefix):
         peer = await two.accept()
         lost = "stage 1's worker died with its chunks"
         frames = await peer.frames(4)
-        assert frames[:2] == [wire.Lost("a", lost), wire.Lost("ended", lost)]
+        assert frames[:2] == [wire.Lost("a", lost, source=0), wire.Lost("ended", lost, source=0)]
         new_ring = frames[2]
         assert isinstance(new_ring, wire.Ring)
         assert new_ring.name != old_ring.name

@@ -5,8 +5,11 @@ past costs nothing: its worker never hears of the request."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import trio
+import trio.testing
 
 from omni_trio import open_pipeline
 from processes import pipeline_config
@@ -86,3 +89,129 @@ async def test_a_request_enters_midway_in_async_chunk_mode():
             assert (await worker_requests(pipeline))[0] == 0  # stage 0 never ran it
             got, terminal = await outputs(pipeline, "hi")  # the whole line, as before
             assert sorted((sid, d) for sid, d in got if d is not None) == [(0, "hi"), (2, "HI")]
+
+
+def diamond(join="joins", args="{}", branch=("enters_or_relays", "{}"), **pipeline):
+    """0 fans out to 1 and 2, which 3 joins: an async_chunk diamond."""
+    return pipeline_config(
+        ("enters_or_relays", "{}", False, ""),
+        (*branch, False, "engine_input_source = [0]"),
+        ("enters_or_relays", "{}", False, "engine_input_source = [0]"),
+        (join, args, True, "engine_input_source = [1, 2]"),
+        **pipeline,
+    )
+
+
+def by_source(got, stage=3):
+    """A join's outputs, per source, in the order they came."""
+    seen = {}
+    for sid, data in got:
+        if sid == stage and data is not None:
+            source, chunk = data.split(":")
+            seen.setdefault(int(source), []).append(chunk)
+    return seen
+
+
+async def test_an_async_chunk_join_reads_each_branch_as_it_comes():
+    """A diamond: both branches reach the join whole and in order, each as its own
+    stream; with a window of 2, a long stream through it moves (per-edge windows,
+    read as they come, do not deadlock the diamond)."""
+    async with open_pipeline(diamond(window=2)) as pipeline:
+        with trio.fail_after(30):
+            got, terminal = await outputs(pipeline, "a b c")
+            assert terminal.finish_reason == "completed"
+            assert by_source(got) == {1: ["a", "b", "c"], 2: ["a", "b", "c"]}
+            words = " ".join(f"w{i}" for i in range(200))
+            got, terminal = await outputs(pipeline, words)
+            assert terminal.finish_reason == "completed"
+            expected = [f"w{i}" for i in range(200)]
+            assert by_source(got) == {1: expected, 2: expected}
+            assert (await worker_requests(pipeline)) == [0, 0, 0, 0]
+
+
+async def test_a_join_of_two_entries_reads_each_source_in_turn():
+    """Two sources, each given the prompt: the join reads io.source(0) to its end,
+    then io.source(1) (the second's chunks wait in its own window meanwhile)."""
+    config = pipeline_config(
+        ("enters_or_relays", "{}", False, ""),
+        ("enters_or_relays", "{}", False, "engine_input_source = []"),
+        ("joins", "{ sequential = true }", True, "engine_input_source = [0, 1]"),
+        window=2,
+    )
+    async with open_pipeline(config) as pipeline:
+        with trio.fail_after(30):
+            words = " ".join(f"w{i}" for i in range(20))
+            got, terminal = await outputs(pipeline, words)
+            assert terminal.finish_reason == "completed"
+            joined = [d for sid, d in got if sid == 2 and d is not None]
+            assert joined == [f"0:w{i}" for i in range(20)] + [f"1:w{i}" for i in range(20)]
+            # entering at one source alone: the join reads that one only
+            got, terminal = await outputs(pipeline, "x y", entry_stage_ids=[1])
+            assert [d for sid, d in got if d is not None] == ["1:x", "1:y"]
+            assert terminal.finish_reason == "completed"
+
+
+async def test_send_to_one_reader_keeps_each_readers_stream_whole():
+    """``io.send(chunk, to=k)``: each reader gets its own chunks, numbered as its
+    own stream (no gap where the other's went), whole and in order."""
+    config = pipeline_config(
+        ("deals", "{ count = 40 }", False, ""),
+        ("enters_or_relays", "{}", True, "engine_input_source = [0]"),
+        ("enters_or_relays", "{}", True, "engine_input_source = [0]"),
+        window=2,
+    )
+    async with open_pipeline(config) as pipeline:
+        with trio.fail_after(30):
+            got, terminal = await outputs(pipeline, "")
+            assert terminal.finish_reason == "completed"
+            one = [d for sid, d in got if sid == 1 and d is not None]
+            two = [d for sid, d in got if sid == 2 and d is not None]
+            assert one == [f"W{i}" for i in range(0, 40, 2)]
+            assert two == [f"W{i}" for i in range(1, 40, 2)]
+
+
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("iterate", r"reads stages \[1, 2\] here: read each one's chunks with io\.source"),
+        ("source", r"stage 7 sends it nothing here \(it reads \[1, 2\] on its route\)"),
+    ],
+)
+async def test_a_join_that_reads_wrongly_fails_its_request_saying_how(how, message):
+    async with open_pipeline(diamond("misreads", f'{{ how = "{how}" }}')) as pipeline:
+        with trio.fail_after(30):
+            _, terminal = await outputs(pipeline, "a")
+            assert terminal.finish_reason == "error"
+            assert re.search(message, terminal.error), terminal.error
+            assert terminal.error.startswith("stage 3 failed:")
+
+
+async def test_sending_to_a_stage_off_the_route_fails_the_request_saying_so():
+    config = pipeline_config(
+        ("misreads", '{ how = "send" }', True, ""),
+        ("enters_or_relays", "{}", True, ""),
+    )
+    async with open_pipeline(config) as pipeline:
+        with trio.fail_after(30):
+            _, terminal = await outputs(pipeline, "a")
+            assert terminal.finish_reason == "error"
+            assert "stage 9 does not read this stage on the request's route" in terminal.error
+
+
+async def test_a_failing_branch_ends_the_request_once_and_aborts_the_rest_of_its_route():
+    """Branch 1 fails: one error terminal, naming it; the join and the other branch
+    are aborted, and every stage forgets the request; the next request runs."""
+    config = diamond(branch=("breaks_on", '{ word = "b" }'))
+    async with open_pipeline(config) as pipeline:
+        with trio.fail_after(30):
+            got, terminal = await outputs(pipeline, "a b")
+            assert terminal.finish_reason == "error"
+            assert terminal.error.startswith("stage 1 failed:")
+            assert "the engine broke on 'b'" in terminal.error
+            assert [sid for sid, _ in got].count(3) <= 2  # whatever the join had sent
+            await trio.testing.wait_all_tasks_blocked()
+            assert (await worker_requests(pipeline)) == [0, 0, 0, 0]
+            # the other branch alone still runs (the failing one is routed past)
+            got, terminal = await outputs(pipeline, "c", entry_stage_ids=[2])
+            assert terminal.finish_reason == "completed"
+            assert by_source(got) == {2: ["c"]}

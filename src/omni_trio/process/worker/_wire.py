@@ -121,12 +121,16 @@ class Init(_Message):
     target_labels: dict[int, str] = {}
     target_startup_timeouts: dict[int, float] = {}
     replica: int = 0
+    sources: list[int] = []
+    """The stages whose workers send it chunks (a request reads those of its
+    route's, ``Submit.sources``)."""
 
 
 class Submit(_Message):
-    """Run a request. ``life`` tells a request id's lives apart on chunk links: the
-    stages of one admission of a request share it, a later admission of the same id
-    gets a greater one (0: no connector)."""
+    """Run a request: its envelope (:class:`~omni_trio.StageRequest`) on the wire.
+    ``life`` tells a request id's lives apart on chunk links: the stages of one
+    admission of a request share it, a later admission of the same id gets a greater
+    one (the orchestrator core's admission number)."""
 
     request_id: str
     inputs: Any
@@ -148,6 +152,9 @@ class Submit(_Message):
     targets: list[int] | None = None
     """The stages its chunks go to on its route (a subset of the worker's targets);
     ``None``: all of them."""
+    priority: int = 0
+    """The envelope's priority (lower first); engines may read it from
+    ``io.priority``."""
 
 
 class Credit(_Message):
@@ -275,7 +282,9 @@ class Chunk(_Message):
     the sender's ring at ``offset``. ``eos`` says the request's upstream is done,
     after ``seq`` chunks: a reader that saw fewer lost some. ``life``: the
     ``Submit.life`` of the request at its sender (``Lost`` and ``Drop`` carry it
-    too): a reader never takes a chunk of an id's earlier life as its own."""
+    too): a reader never takes a chunk of an id's earlier life as its own.
+    ``source``: the sender's stage (``Lost`` carries it too): a stage that reads
+    several keeps a stream, a window and its losses per source."""
 
     request_id: str
     seq: int
@@ -284,6 +293,7 @@ class Chunk(_Message):
     offset: int = -1
     eos: bool = False
     life: int = 0
+    source: int = -1
 
 
 class Lost(_Message):
@@ -293,6 +303,7 @@ class Lost(_Message):
     request_id: str
     reason: str
     life: int = 0
+    source: int = -1
 
 
 class Waiting(_Message):

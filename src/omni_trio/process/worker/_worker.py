@@ -117,6 +117,7 @@ class Worker:
             if later:
                 self.later[message.request_id] = later + self.later.get(message.request_id, [])
             request.running = True  # from now on its engine acknowledges its chunks
+            request.priority = message.priority
             if message.outputs:
                 request.credit = OutputCredit(message.outputs, message.nbytes)
             if self.init.chunks:
@@ -127,7 +128,10 @@ class Worker:
                     for target in self.init.targets
                     if wanted is None or target in wanted
                 ]
-                if message.sources == []:  # it entered here: no chunk will come
+                request.sent = [0] * len(request.links)
+                sources = message.sources
+                request.sources = tuple(self.init.sources if sources is None else sources)
+                if sources == []:  # it entered here: no chunk will come
                     request.eof = True
             nursery.start_soon(self._run, message.request_id, message.inputs, request)
         elif kind is wire.Credit:
@@ -208,17 +212,21 @@ class Worker:
             if request.life and life != request.life:
                 request = None  # a chunk of an earlier life of the id: never this one's
         if isinstance(notice, wire.Lost):
-            if request is not None and not request.finished and not request.upstream_done:
+            if (
+                request is not None
+                and not request.finished
+                and notice.source not in request.upstream_done
+            ):
                 request.inbox_send.send_nowait((notice, None))  # else: every chunk arrived
                 if not request.running:
-                    request.source, request.source_life = link, life
+                    request.feeders[link] = life
             return
         if notice.eos:
             if request is not None and not request.finished:
-                request.upstream_done = True
+                request.upstream_done.add(notice.source)
                 request.inbox_send.send_nowait((notice, link))
                 if not request.running:
-                    request.source, request.source_life = link, life
+                    request.feeders[link] = life
             return
         if request is None or request.finished:  # nobody will read it
             link.ack(request_id, notice.offset, notice.size)
@@ -235,7 +243,9 @@ class Worker:
         # what a running request could have outstanding: beyond, it is dropped, and
         # a Submit of it fails.
         init = self.init
-        most, most_bytes = EARLY_WINDOWS * init.window, init.window_bytes + init.ring_bytes
+        edges = max(1, len(init.sources))  # the bounds are per source
+        most = EARLY_WINDOWS * init.window * edges
+        most_bytes = (init.window_bytes + init.ring_bytes) * edges
         if request.held >= most or request.held_bytes + notice.size > most_bytes:
             link.ack(request_id, notice.offset, notice.size)
             self._lose(
@@ -245,7 +255,7 @@ class Worker:
                 "not running here",
             )
             return
-        request.source, request.source_life = link, life
+        request.feeders[link] = life
         request.hold(self._take(link, notice), None)
 
     @staticmethod
@@ -257,9 +267,11 @@ class Worker:
         if chunk.offset >= 0:
             try:
                 data = link.read(chunk)
-                taken = wire.Chunk(request_id, chunk.seq, chunk.size, data=data, life=life)
+                taken = wire.Chunk(
+                    request_id, chunk.seq, chunk.size, data=data, life=life, source=chunk.source
+                )
             except (RingError, wire.ProtocolError) as exc:
-                taken = wire.Lost(request_id, f"chunk {chunk.seq}: {exc}", life)
+                taken = wire.Lost(request_id, f"chunk {chunk.seq}: {exc}", life, chunk.source)
         link.ack(request_id, chunk.offset, chunk.size)
         return taken
 
@@ -272,7 +284,7 @@ class Worker:
         if isinstance(notice, wire.Lost) or notice.eos:
             later.append((notice, None if isinstance(notice, wire.Lost) else link))
             return
-        most = EARLY_WINDOWS * self.init.window
+        most = EARLY_WINDOWS * self.init.window * max(1, len(self.init.sources))
         if len(later) >= most:
             link.ack(request_id, notice.offset, notice.size)
             del self.later[request_id]
@@ -294,9 +306,9 @@ class Worker:
         link.close()
         self.inlinks.discard(link)
         orphans = [
-            (request_id, request.source_life)
+            (request_id, request.feeders[link])
             for request_id, request in self.requests.items()
-            if request.source is link and not request.running and not request.finished
+            if link in request.feeders and not request.running and not request.finished
         ]
         for request_id, life in orphans:
             self._lose(request_id, life, "the upstream worker that sent them went away")
@@ -360,7 +372,6 @@ class Worker:
                 following = self._request(request_id)
                 for notice, source in kept:
                     following.hold(notice, source)
-                following.source_life = kept[-1][0].life
         for link in self.outlinks.values():
             link.release(request_id)
         for inlink in self.inlinks:
@@ -383,7 +394,7 @@ class Worker:
         """The answer to ``Ping(seq)``: the sizes of its per-request tables."""
         waiting = held = held_bytes = 0
         for request in self.requests.values():
-            waiting += request.inbox_receive.statistics().current_buffer_used
+            waiting += request.waiting()
             if not request.running:
                 held += request.held
                 held_bytes += request.held_bytes
