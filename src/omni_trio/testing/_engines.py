@@ -15,7 +15,7 @@ import trio
 
 from ..process import ChunkIO, Engine, EngineRequest
 
-__all__ = ["expected_items", "relay", "source"]
+__all__ = ["expected_items", "join", "relay", "source"]
 
 
 def expected_items(prompt: str, count: int, stage_id: int) -> list[str]:
@@ -53,5 +53,16 @@ def relay(delay: float = 0.0) -> Engine:
         else:
             for item in request.inputs:
                 yield str(item).upper()
+
+    return engine
+
+
+def join() -> Engine:
+    """A stage that reads several (a fan-in): yields each chunk of each, as they
+    come, upper-cased and marked with the stage it came from, ``<ITEM>@<stage>``."""
+
+    async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
+        async for stage_id, chunk in io.chunks():
+            yield f"{bytes(chunk).decode().upper()}@{stage_id}"
 
     return engine

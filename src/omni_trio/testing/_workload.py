@@ -54,9 +54,10 @@ CONSUMER_IDLE_TIMEOUT = 0.5
 #: wrong that the invariants must catch.
 BUGS = ("chunk-ownership",)
 
-#: The workload's stage graphs: ``"line"`` (0 -> 1 -> 2, finals 0 and 2) and
-#: ``"fan-out"`` (0 -> 1 and 0 -> 2, every stage final).
-SHAPES = ("line", "fan-out")
+#: The workload's stage graphs: ``"line"`` (0 -> 1 -> 2, finals 0 and 2),
+#: ``"fan-out"`` (0 -> 1 and 0 -> 2, every stage final) and ``"diamond"`` (0 -> 1
+#: and 0 -> 2, joined at 3; finals 0 and 3).
+SHAPES = ("line", "fan-out", "diamond")
 
 _CONFIG = f"""
 [pipeline]
@@ -92,11 +93,14 @@ def workload_config(replicas: int = 2, shape: str = "line") -> PipelineConfig:
     if shape not in SHAPES:
         raise ValueError(f"shape must be one of {', '.join(SHAPES)}; got {shape!r}")
     fan_out = shape == "fan-out"
+    reads = {1: [0], 2: [0], 3: [1, 2]} if shape != "line" else {}
     stages = [
         ("source", f"{{ count = {COUNT}, delay = {DELAY} }}", "true"),
         ("relay", "{}", "true" if fan_out else "false"),
-        ("relay", "{}", "true"),
+        ("relay", "{}", "true" if shape != "diamond" else "false"),
     ]
+    if shape == "diamond":
+        stages.append(("join", "{}", "true"))
     text = _CONFIG + "".join(
         _STAGE.format(
             sid=sid,
@@ -106,7 +110,7 @@ def workload_config(replicas: int = 2, shape: str = "line") -> PipelineConfig:
             replicas=replicas,
             grace=GRACE,
             prewarm='prewarm_func = "omni_trio.demo.engines:prewarm"' if sid else "",
-            reads="engine_input_source = [0]" if fan_out and sid else "",
+            reads=f"engine_input_source = {reads[sid]}" if sid in reads else "",
         )
         for sid, (engine, args, final) in enumerate(stages)
     )
@@ -184,7 +188,14 @@ def _complete(record: RequestRecord) -> str | None:
     for stage_id in sorted(record.final_stage_ids or ()):
         got = [o.data for o in record.outputs if o.stage_id == stage_id and o.data is not None]
         expected = expected_items(str(record.prompt), COUNT, stage_id)
-        if got != expected:
+        if got and "@" in got[0]:  # a join's: each source's whole, in order
+            by_source: dict[str, list[str]] = {}
+            for item in got:
+                data, _, source = item.rpartition("@")
+                by_source.setdefault(source, []).append(data)
+            if by_source != {"1": expected, "2": expected}:
+                return f"stage {stage_id} gave {got}: not {expected} from each of stages 1, 2"
+        elif got != expected:
             return f"stage {stage_id} gave {got}, not {expected}"
     return None
 
