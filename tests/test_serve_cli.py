@@ -504,6 +504,26 @@ async def test_it_serves_the_shipped_speech_pipeline(tmp_path):
 
 
 @END_TO_END
+async def test_it_serves_the_shipped_subtitled_graph(tmp_path):
+    """A stage graph served: the answer's text and audio come as from the demo (the
+    API has no place for subtitles: the requests' routes pass them by)."""
+    chain = "thinker -> talker, talker -> code2wav, thinker -> subtitles, talker -> subtitles"
+    async with serving(tmp_path, "subtitled", chain=chain) as server:
+        assert server.model == "subtitled-qwen-omni"
+        whole = await trio.to_thread.run_sync(
+            lambda: chat(server.url, "Hello", model="subtitled-qwen-omni")
+        )
+        [choice] = whole.choices
+        assert choice.finish_reason == "stop"
+        words = response_tokens("Hello", 40, whole_sentences=True)
+        assert choice.message.content == "".join(words)
+        with wave.open(io.BytesIO(base64.b64decode(choice.message.audio.data))) as wav:
+            assert wav.getnframes() == len(words) * CODES_PER_TOKEN * FRAMES_PER_CODE
+        server.signal(signal.SIGTERM)
+        assert await server.exit_status() == 0, server.text()
+
+
+@END_TO_END
 async def test_a_client_that_hangs_up_aborts_its_request(tmp_path):
     config = pipeline(tmp_path, tokens_per_second=10, max_tokens=40)  # 4 s
     async with serving(tmp_path, str(config)) as server:

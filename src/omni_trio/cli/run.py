@@ -35,10 +35,11 @@ def add_parser(commands: Commands) -> None:
         "run",
         help="stream one request through a pipeline config (TOML)",
         description="Start the stages of PIPELINE (a TOML config, or a shipped one: "
-        "'demo', the simulated pipeline; 'speech', eSpeak NG's, the speech extra; or "
-        "'voice', which listens first, the voice extra) and stream one request: text as "
-        "it comes, what a listening stage heard as 'heard: ...', audio counted (and "
-        "written with --wav). "
+        "'demo', the simulated pipeline; 'subtitled', the same with timed subtitles; "
+        "'speech', eSpeak NG's, the speech extra; or 'voice', which listens first, the "
+        "voice extra) and stream one request: text as it comes, what a listening stage "
+        "heard as 'heard: ...', subtitles as '[start --> end] text' lines (and written "
+        "with --vtt), audio counted (and written with --wav). "
         "The config's directory and the current directory are put on the import path "
         "(of this process and of the workers), so engines beside the config are found.",
     )
@@ -55,6 +56,9 @@ def add_parser(commands: Commands) -> None:
         "listens (a stage with final_output_type = \"transcript\", as 'voice' has)",
     )
     run.add_argument("--wav", metavar="PATH", help="write the audio outputs to this WAV file")
+    run.add_argument(
+        "--vtt", metavar="PATH", help="write the subtitles to this WebVTT file (a .vtt)"
+    )
     run.add_argument(
         "--timeline",
         metavar="PATH",
@@ -90,6 +94,12 @@ def _check(args: argparse.Namespace) -> None:
         if not audio:
             raise UsageError(f"--wav needs an audio final stage, {args.pipeline} has none")
         check_output("--wav", args.wav)
+    if args.vtt is not None:
+        if not any(
+            s.final_output and s.final_output_type == "subtitles" for s in args.config.stages
+        ):
+            raise UsageError(f"--vtt needs a subtitles final stage, {args.pipeline} has none")
+        check_output("--vtt", args.vtt)
     if args.sample_rate is None:
         args.sample_rate = audio[0].sample_rate if audio else None
     _check_listening(args)
@@ -227,6 +237,7 @@ async def _run_one(config: PipelineConfig, args: argparse.Namespace) -> int:
     types = config.final_output_types  # what the user gets: outputs of final stages only
     names = config.stage_names
     audio = bytearray()
+    cues: list[str] = []
     console = Console(quiet=args.json)  # with --json, stdout is the JSON lines alone
     console.print(
         f"{config.pipeline.name}: {config.stage_chain} ({config.mode})",
@@ -250,6 +261,13 @@ async def _run_one(config: PipelineConfig, args: argparse.Namespace) -> int:
                 if line_open:
                     console.out("")
                 console.out(f"heard: {out.data or '(nothing)'}", highlight=False)
+                line_open = False
+            elif kind == "subtitles":  # a timed cue: a line of its own too
+                if line_open:
+                    console.out("")
+                cues.append(str(out.data))
+                timing, _, words = str(out.data).partition("\n")
+                console.out(f"[{timing}] {words}", highlight=False)
                 line_open = False
             else:
                 console.out(str(out.data), end="", highlight=False)
@@ -281,6 +299,13 @@ async def _run_one(config: PipelineConfig, args: argparse.Namespace) -> int:
             except OSError as exc:
                 return fail(f"omni-trio run: cannot write {args.wav}: {exc}", 1)
             console.print(f"written to {args.wav}", highlight=False)
+    if args.vtt:
+        try:
+            vtt = "WEBVTT\n\n" + "\n\n".join(cues) + "\n"
+            await trio.Path(args.vtt).write_text(vtt, encoding="utf-8")
+        except OSError as exc:
+            return fail(f"omni-trio run: cannot write {args.vtt}: {exc}", 1)
+        console.print(f"{len(cues)} subtitles written to {args.vtt}", highlight=False)
     if args.timeline:
         from ..timeline import plot_timeline
 

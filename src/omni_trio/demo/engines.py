@@ -32,10 +32,12 @@ __all__ = [
     "code2wav",
     "prewarm",
     "response_tokens",
+    "subtitles",
     "talker",
     "talker2code2wav",
     "thinker",
     "thinker2talker",
+    "to_subtitles",
     "voice_answer",
     "voice_thinker",
 ]
@@ -238,6 +240,85 @@ def code2wav(chunk_codes: int = CODES_PER_CHUNK) -> Engine:
     return engine
 
 
+def cue(start: float, end: float, text: str) -> str:
+    """One WebVTT cue: ``00:01.280 --> 00:02.560`` and its text on the next line."""
+    return f"{_timestamp(start)} --> {_timestamp(end)}\n{text}"
+
+
+def _timestamp(seconds: float) -> str:
+    millis = round(seconds * 1000)
+    minutes, millis = divmod(millis, 60_000)
+    hours, minutes = divmod(minutes, 60)
+    clock = f"{minutes:02d}:{millis // 1000:02d}.{millis % 1000:03d}"
+    return f"{hours:02d}:{clock}" if hours else clock
+
+
+class _Cues:
+    """Pairs the thinker's words with the talker's codes (one chunk of codes per
+    token, in order) and groups them into cues timed by the codes: each code is
+    :data:`FRAME_SECONDS` of code2wav's audio."""
+
+    def __init__(self, words_per_cue: int) -> None:
+        self.words_per_cue = words_per_cue
+        self.words: list[str] = []
+        self.durations: list[float] = []
+        self.start = self.end = 0.0
+        self.cue: list[str] = []
+
+    def add(self) -> str | None:
+        """Take the next word whose codes are here; a cue, if it ends one."""
+        word = self.words.pop(0).strip()
+        self.end += self.durations.pop(0)
+        self.cue.append(word)
+        if len(self.cue) >= self.words_per_cue or word.endswith((".", ",", "!", "?")):
+            return self.flush()
+        return None
+
+    def ready(self) -> bool:
+        return bool(self.words) and bool(self.durations)
+
+    def flush(self) -> str | None:
+        if not self.cue:
+            return None
+        text, self.cue = " ".join(self.cue), []
+        timed = cue(self.start, self.end, text)
+        self.start = self.end
+        return timed
+
+
+def subtitles(words_per_cue: int = 7, text_stage: int = 0, codes_stage: int = 1) -> Engine:
+    """A stage that reads two (a fan-in): the thinker's words (``text_stage``) and
+    the talker's codes (``codes_stage``), and yields timed subtitles for code2wav's
+    audio, one WebVTT cue (:func:`cue`) per phrase: at most ``words_per_cue`` words,
+    ending early at punctuation. It reads both streams as they come: the thinker
+    runs ahead of the talker, and each cue goes out as soon as its last word has
+    its codes.
+
+    forward: its input is both stages' outputs (:func:`to_subtitles`)."""
+
+    async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
+        cues = _Cues(words_per_cue)
+        if io.connected:
+            async for source, chunk in io.chunks():
+                if source == text_stage:
+                    cues.words.append(bytes(chunk).decode())
+                elif source == codes_stage:
+                    cues.durations.append(len(chunk) * FRAME_SECONDS)
+                while cues.ready():
+                    if (timed := cues.add()) is not None:
+                        yield timed
+        else:
+            cues.words = list(request.inputs["words"])
+            cues.durations = [len(codes) * FRAME_SECONDS for codes in request.inputs["codes"]]
+            while cues.ready():
+                if (timed := cues.add()) is not None:
+                    yield timed
+        if (timed := cues.flush()) is not None:
+            yield Last(timed)
+
+    return engine
+
+
 # -- the orchestrator's functions ----------------------------------------------------------
 
 
@@ -254,3 +335,10 @@ def thinker2talker(outputs: list[Any]) -> list[str]:
 def talker2code2wav(outputs: list[Any]) -> list[int]:
     """forward: code2wav's input is every code the talker produced."""
     return [code for codes in outputs for code in codes]
+
+
+def to_subtitles(outputs: Mapping[int, list[Any]]) -> dict[str, list[Any]]:
+    """forward: the subtitles' input, from the stages they read (a join, by stage
+    id): the thinker's words (stage 0) and the talker's codes, a list per word
+    (stage 1)."""
+    return {"words": [str(word) for word in outputs[0]], "codes": list(outputs[1])}

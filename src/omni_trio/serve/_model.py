@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FinalOutput", "ServedModel"]
 
-Modality = Literal["text", "audio", "transcript"]
+Modality = Literal["text", "audio", "transcript", "subtitles"]
 
 
 @final
@@ -26,8 +26,10 @@ class FinalOutput:
     Attributes:
       stage_id: The stage.
       modality: ``"text"`` (its outputs are text deltas, ``str``), ``"audio"`` (its
-          outputs are 16-bit mono little-endian PCM, ``bytes``) or ``"transcript"``
-          (a listening stage's: the user's words, ``str``; not part of an answer).
+          outputs are 16-bit mono little-endian PCM, ``bytes``), ``"transcript"``
+          (a listening stage's: the user's words, ``str``; not part of an answer) or
+          ``"subtitles"`` (WebVTT cues; not part of an answer either: the API has
+          no place for them, so a served request's route passes them by).
       label: Its name in metrics and messages.
       sample_rate: Hz of an audio stage's PCM.
     """
@@ -88,8 +90,8 @@ class ServedModel:
 
     @property
     def answers(self) -> tuple[FinalOutput, ...]:
-        """The final outputs that make an answer: all but transcripts."""
-        return tuple(o for o in self.outputs if o.modality != "transcript")
+        """The final outputs that make an answer: all but transcripts and subtitles."""
+        return tuple(o for o in self.outputs if o.modality in ("text", "audio"))
 
     @property
     def takes_utterances(self) -> bool:
