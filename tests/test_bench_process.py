@@ -25,6 +25,9 @@ GOAL_KEYS = [
     "chunks.49152.hop_p50",
     "chunks.49152.rate",
     "chunks.1048576.shm_rate",
+    "graph.join_hop_p50",
+    "graph.join_two_hop_p50",
+    "graph.routed_past",
     *(f"demo.{level}.failures" for level in QUICK_DEMO_LEVELS),
     f"demo.{QUICK_DEMO_LEVELS[-1]}.worker_rss",
     f"demo.{QUICK_DEMO_LEVELS[-1]}.shm_left",
@@ -63,6 +66,11 @@ def test_a_quick_run_reports_every_scenario_and_judges_every_goal(
         )
         for figures in sides.values():
             check_timed(figures)
+    graph = results["graph"]
+    for shape in ("line", "join_one_sending", "join", "join_in_step"):
+        check_timed(graph[shape])
+    assert graph["line_two_streams"]["hop_p50"] > 0
+    assert graph["routed_past"] == {"requests": 5, "submitted": 0, "worker_requests": 0}
     check_timed(results["control"]["omni"])
     check_timed(results["control"]["socket"])
 
@@ -111,6 +119,8 @@ def results_with(
     failures: int = 0,
     left: int = 0,
     shm_peak: int = 8 * MIB,
+    join: float = 1.0,
+    routed: int = 0,
 ) -> dict[str, Any]:
     """Results whose omni_trio figures are the floors' times these ratios."""
 
@@ -133,7 +143,21 @@ def results_with(
         "shm_bound": 8 * MIB,
         "shm_left_closed": {"entries": 0, "bytes": 0},
     }
-    return {"chunks": {"sizes": sizes}, "demo": {"1000": demo}, "demo_rings": {"1000": rings}}
+    graph = {
+        "size": 4096,
+        "line": figures(1e-4, 1e4),
+        "join_one_sending": figures(1e-4 * join, 1e4),
+        "join": figures(2e-4 * join, 1e4),
+        "join_in_step": figures(2e-4, 1e4),
+        "line_two_streams": {"hop_p50": 2e-4},
+        "routed_past": {"requests": 100, "submitted": routed, "worker_requests": 0},
+    }
+    return {
+        "chunks": {"sizes": sizes},
+        "graph": graph,
+        "demo": {"1000": demo},
+        "demo_rings": {"1000": rings},
+    }
 
 
 @pytest.mark.parametrize(
@@ -148,6 +172,9 @@ def results_with(
         ({"failures": 1}, {"demo.1000.failures"}),
         ({"left": 1}, {"demo.1000.shm_left"}),
         ({"shm_peak": 8 * MIB + 1}, {"demo_rings.1000.shm_peak"}),
+        ({"join": 1.2}, set()),
+        ({"join": 1.21}, {"graph.join_hop_p50", "graph.join_two_hop_p50"}),
+        ({"routed": 1}, {"graph.routed_past"}),
     ],
 )
 def test_goals_are_judged_at_their_limits(changes: dict[str, Any], unmet: set[str]) -> None:

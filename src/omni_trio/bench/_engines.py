@@ -18,7 +18,15 @@ import trio
 
 from ..process import ChunkIO, Engine, EngineRequest, Last
 
-__all__ = ["STAMP", "chunk_reader", "chunk_sender", "output_source", "same_input", "stamped"]
+__all__ = [
+    "STAMP",
+    "chunk_joiner",
+    "chunk_reader",
+    "chunk_sender",
+    "output_source",
+    "same_input",
+    "stamped",
+]
 
 #: The sender's ``time.monotonic_ns()``, first in each chunk.
 STAMP = struct.Struct(">q")
@@ -36,17 +44,32 @@ def same_input(prompt: Any) -> Any:
 
 def chunk_sender() -> Engine:
     """Stage 0: sends ``count`` chunks of ``size`` bytes downstream, ``interval``
-    seconds apart (back to back with 0); its completion is the count."""
+    seconds apart (back to back with 0); its completion is the count. With
+    ``"start"`` (a ``time.monotonic()``, the system-wide clock), the ``i``-th chunk
+    goes at ``start + offset + i * interval``, ``offset`` being this stage's in
+    ``"offsets"`` (seconds, by stage id as a string; 0 if absent): senders to one
+    join keep their phases, in step or apart. ``"counts"`` (by stage id as a
+    string) overrides ``count`` for the stages it names."""
 
     async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
         task = request.inputs
         padding = bytes(task["size"] - STAMP.size)
         interval = task["interval"]
-        for _ in range(task["count"]):
+        stage = str(request.stage_id)
+        count = task.get("counts", {}).get(stage, task["count"])
+        start = task.get("start")
+        if start is not None and interval:
+            start += task.get("offsets", {}).get(stage, 0.0)
+            for i in range(count):
+                await trio.sleep(max(0.0, start + i * interval - time.monotonic()))
+                await io.send(stamped(padding))
+            yield Last(count)
+            return
+        for _ in range(count):
             await io.send(stamped(padding))
             if interval:
                 await trio.sleep(interval)
-        yield Last(task["count"])
+        yield Last(count)
 
     return engine
 
@@ -71,6 +94,32 @@ def chunk_reader() -> Engine:
             count += 1
             yield count
         yield Last({"first": first, "count": count, "hops": hops})
+
+    return engine
+
+
+def chunk_joiner() -> Engine:
+    """:func:`chunk_reader` at a join: reads every source's chunks as they come
+    (``io.chunks()``); completes with the first chunk's stamp, the count, the hops,
+    and how many chunks came from each source."""
+
+    async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
+        keep = bool(request.inputs and request.inputs.get("hops"))
+        hops: list[int] = []
+        per_source: dict[int, int] = {}
+        first = None
+        count = 0
+        async for source, chunk in io.chunks():
+            arrived = time.monotonic_ns()
+            (stamp,) = STAMP.unpack_from(chunk)
+            if first is None:
+                first = stamp
+            if keep:
+                hops.append(arrived - stamp)
+            per_source[source] = per_source.get(source, 0) + 1
+            count += 1
+            yield count
+        yield Last({"first": first, "count": count, "hops": hops, "sources": per_source})
 
     return engine
 

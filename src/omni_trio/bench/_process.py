@@ -17,6 +17,16 @@ judges the goals. Only the public API is used -- configs and
 - ``control``: one stage's outputs, small, reaching the orchestrator: paced (the
   latency from the engine's yield to the request's consumer) and flooded
   (outputs/s), alternating with small frames from a bare process over a socket pair.
+- ``graph``: a join's hop against a line's. Two senders (worker processes) each
+  stream 4 KB chunks, paced and flooded as in ``chunks``, to one joiner, which reads
+  both as they come (``io.chunks()``); alternating with the ``chunks`` pipeline's
+  line, same size and phases. Paced, the two senders tick half an interval apart
+  (``join``), then in step (``join_in_step``: each pair arrives at once), and the
+  second sends nothing (``join_one_sending``: the join's own path); a line's reader
+  takes two streams at once too (``line_two_streams``: two requests, half an
+  interval apart). Then requests that enter at the first sender alone: the second,
+  routed past, must hear nothing of them (its ``submitted`` count and its worker's
+  tables).
 - ``demo``: the demo pipeline (thinker -> talker -> code2wav) with pacing off, at
   ``--concurrency`` concurrent requests: wall time, outputs/s, every process's peak
   RSS (VmHWM), /dev/shm bytes under the pipeline's prefix (sampled every 10 ms, and
@@ -79,6 +89,32 @@ prewarm_func = "omni_trio.bench._engines:same_input"
 final_output = true
 """
 
+GRAPH_TOML = """
+[pipeline]
+name = "bench-graph"
+async_chunk = true
+connector = "shm"
+
+[[stages]]
+stage_id = 0
+name = "sender"
+engine = "omni_trio.bench._engines:chunk_sender"
+
+[[stages]]
+stage_id = 1
+name = "sender2"
+engine = "omni_trio.bench._engines:chunk_sender"
+engine_input_source = []
+
+[[stages]]
+stage_id = 2
+name = "joiner"
+engine = "omni_trio.bench._engines:chunk_joiner"
+engine_input_source = [0, 1]
+prewarm_func = "omni_trio.bench._engines:same_input"
+final_output = true
+"""
+
 CONTROL_TOML = """
 [pipeline]
 name = "bench-control"
@@ -104,16 +140,17 @@ class Counts:
     flood: dict[int, int]  # by chunk size
     outputs_flood: int
     demo_tokens: int
+    routed_past: int = 100
 
     @classmethod
     def full(cls) -> Counts:
         flood = {64: 20_000, 4096: 20_000, 48 * 1024: 5_000, 1024 * 1024: 500}
-        return cls(3, 100, 1_000, 0.001, flood, 20_000, 40)
+        return cls(3, 100, 1_000, 0.001, flood, 20_000, 40, 100)
 
     @classmethod
     def quick(cls) -> Counts:
         flood = {64: 200, 4096: 200, 48 * 1024: 100, 1024 * 1024: 20}
-        return cls(1, 10, 20, 0.001, flood, 200, 8)
+        return cls(1, 10, 20, 0.001, flood, 200, 8, 5)
 
     def phases(self, flood: int) -> list[Phase]:
         return [
@@ -196,6 +233,110 @@ async def chunks(counts: Counts) -> dict[str, Any]:
         "sizes": {
             str(size): {side: best(found) for side, found in sides.items()}
             for size, sides in runs.items()
+        },
+    }
+
+
+# -- (a') a join's hop against a line's --------------------------------------------------------
+
+#: The ``graph`` family's chunk size.
+GRAPH_CHUNK = 4096
+
+
+async def join_chunks(
+    orch: Any, size: int, phases: list[Phase], *, apart: bool = True, alone: bool = False
+) -> list[dict[str, Any]]:
+    """:func:`omni_chunks` through the join: both senders send each phase (``alone``:
+    the second sends nothing, and the joiner reads two sources, one of them quiet).
+    Paced, ``apart`` sends the second's chunks half an interval after the first's
+    (else the two tick in step, and each pair reaches the joiner at once)."""
+    results = []
+    for name, count, interval in phases:
+        task: dict[str, Any] = {
+            "size": size,
+            "count": count,
+            "interval": interval,
+            "hops": name == "paced",
+        }
+        if interval:  # both keep their phase, from a start shortly ahead
+            task["start"] = time.monotonic() + 0.02
+            task["offsets"] = {"1": interval / 2 if apart else 0.0}
+        if alone:
+            task["counts"] = {"1": 0}
+        data, end = await _complete(orch, task)
+        sent = {0: count} if alone else {0: count, 1: count}
+        if data["sources"] != sent:
+            raise RuntimeError(f"the joiner got {data['sources']} of {sent} chunks")
+        results.append({"name": name, "end": end, **data})
+    return results
+
+
+async def two_streams(orch: Any, size: int, counts: Counts) -> dict[str, float]:
+    """A line's reader taking two streams at once, as a join does: two concurrent
+    requests through it, paced half an interval apart; their hops together."""
+    interval, start = counts.interval, time.monotonic() + 0.05
+    hops: list[int] = []
+
+    async def one(offset: float) -> None:
+        task = {
+            "size": size,
+            "count": counts.paced,
+            "interval": interval,
+            "hops": True,
+            "start": start,
+            "offsets": {"0": offset},
+        }
+        data, _ = await _complete(orch, task)
+        hops.extend(data["hops"])
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(one, 0.0)
+        nursery.start_soon(one, interval / 2)
+    hops.sort()
+    return {"hop_p50": statistics.median(hops) / 1e9}
+
+
+async def graph(counts: Counts) -> dict[str, Any]:
+    """(a'): a join's hop p50 against a line's, and a stage routed past."""
+    runs: dict[str, list[dict[str, float]]] = {
+        "line": [],
+        "join_one_sending": [],
+        "join": [],
+        "join_in_step": [],
+    }
+    line_two: list[float] = []
+    phases = counts.phases(counts.flood[GRAPH_CHUNK])
+    line_config = parse_pipeline(CHUNKS_TOML, source="bench chunks")
+    join_config = parse_pipeline(GRAPH_TOML, source="bench graph")
+    async with open_pipeline(line_config) as line, open_pipeline(join_config) as join:
+        size, orch = GRAPH_CHUNK, join.orchestrator
+        for _ in range(counts.rounds):  # each in turn, every round
+            runs["line"].append(summarize(await omni_chunks(line.orchestrator, size, phases)))
+            found = await join_chunks(orch, size, phases, alone=True)
+            runs["join_one_sending"].append(summarize(found))
+            runs["join"].append(summarize(await join_chunks(orch, size, phases)))
+            found = await join_chunks(orch, size, phases, apart=False)
+            runs["join_in_step"].append(summarize(found))
+            line_two.append((await two_streams(line.orchestrator, size, counts))["hop_p50"])
+        passed = join.stages[1]
+        before = (await passed.refresh_statistics()).submitted
+        task = {"size": size, "count": 10, "interval": 0.0, "hops": False}
+        for _ in range(counts.routed_past):
+            async with orch.open_request(task, entry_stage_ids=[0]) as stream:
+                async for _ in stream:
+                    pass
+            if stream.terminal is None or stream.terminal.finish_reason != "completed":
+                raise RuntimeError(f"a request routed past stage 1 ended {stream.terminal}")
+        after = await passed.refresh_statistics()
+    return {
+        "size": GRAPH_CHUNK,
+        "counts": {"paced": counts.paced, "flood": counts.flood[GRAPH_CHUNK]},
+        **{shape: best(found) for shape, found in runs.items()},
+        "line_two_streams": {"hop_p50": min(line_two), "rounds": line_two},
+        "routed_past": {
+            "requests": counts.routed_past,
+            "submitted": after.submitted - before,
+            "worker_requests": after.worker_requests,
         },
     }
 
@@ -369,6 +510,8 @@ async def run_family(
         return await chunks(counts)
     if family == "control":
         return await control(counts)
+    if family == "graph":
+        return await graph(counts)
     if family == "demo":
         if concurrency is None:
             raise ValueError("the demo family needs a concurrency")
@@ -378,7 +521,7 @@ async def run_family(
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m omni_trio.bench._process")
-    parser.add_argument("--family", choices=["chunks", "control", "demo"], required=True)
+    parser.add_argument("--family", choices=["chunks", "graph", "control", "demo"], required=True)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--concurrency", type=int, help="the demo's concurrent requests")
     parser.add_argument(

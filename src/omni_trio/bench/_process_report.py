@@ -42,6 +42,7 @@ HOP_P50_LIMIT = 2.0  # x the socket pair's hop p50, at most
 FLOOD_LIMIT = 0.4  # x the socket pair's chunks/s, at least
 SHM_LIMIT = 0.5  # x the shm copy's chunks/s, at least
 RSS_LIMIT = 64  # MiB, every worker's peak, at the largest demo concurrency
+JOIN_LIMIT = 1.2  # x the hop p50 it is compared with, at most (see graph_goals)
 
 
 def header(*, command: str, quick: bool) -> dict[str, Any]:
@@ -66,7 +67,7 @@ def run_process_bench(*, quick: bool, console: Console) -> dict[str, Any] | None
     """Run every family; ``{"results": ..., "goals": [...]}``, or ``None`` if one
     failed (its error output is printed)."""
     levels = QUICK_DEMO_LEVELS if quick else DEMO_LEVELS
-    runs: list[tuple[str, list[str]]] = [("chunks", []), ("control", [])]
+    runs: list[tuple[str, list[str]]] = [("chunks", []), ("graph", []), ("control", [])]
     runs += [("demo", ["--concurrency", str(level)]) for level in levels]
     # and the largest again with every chunk through the rings: /dev/shm stays bounded
     runs.append(("demo", ["--concurrency", str(levels[-1]), "--inline-chunk-bytes", "0"]))
@@ -130,6 +131,8 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
             ratio = omni["rate"] / sides["shm"]["rate"]
             name = f"{label}: flood >= {SHM_LIMIT:g}x the shm copy's"
             goal(f"chunks.{size}.shm_rate", name, ratio, None, SHM_LIMIT, f">= {SHM_LIMIT:g}x")
+    if "graph" in results:
+        graph_goals(results["graph"], goal)
     levels = sorted(results["demo"], key=int)
     for level in levels:
         name = f"demo, {level} requests: every request completed (failed)"
@@ -154,6 +157,20 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
         name = f"{what}: nothing left in /dev/shm after close (entries)"
         goal(f"{at}.shm_left", name, run["shm_left_closed"]["entries"], 0, None, "0")
     return found
+
+
+def graph_goals(graph: dict[str, Any], goal: Any) -> None:
+    """A join's hop p50, with one of its two sources sending, against a line's; with
+    both sending, against a line's reader taking two streams at once (the same
+    load on one reader); and the stage routed past: nothing submitted to it."""
+    p50 = graph["join_one_sending"]["hop_p50"] / graph["line"]["hop_p50"]
+    name = f"a join's hop p50 <= {JOIN_LIMIT:g}x a line's (one source sending)"
+    goal("graph.join_hop_p50", name, p50, JOIN_LIMIT, None, f"<= {JOIN_LIMIT:g}x")
+    p50 = graph["join"]["hop_p50"] / graph["line_two_streams"]["hop_p50"]
+    name = f"a join's hop p50 <= {JOIN_LIMIT:g}x a line's reader of two streams (both sending)"
+    goal("graph.join_two_hop_p50", name, p50, JOIN_LIMIT, None, f"<= {JOIN_LIMIT:g}x")
+    name = "a stage routed past: requests submitted to it"
+    goal("graph.routed_past", name, graph["routed_past"]["submitted"], 0, None, "0")
 
 
 # -- the table ----------------------------------------------------------------------------------
@@ -214,6 +231,31 @@ def _rows(process: dict[str, Any]) -> list[tuple[str, ...]]:
             shm = sides["shm"]
             compare("   hop p50, shm copy", omni["hop_p50"], shm["hop_p50"], "time")
             compare("   flood, shm copy", omni["rate"], shm["rate"], "rate", f"{at}.shm_rate")
+    if "graph" in results:
+        graph = results["graph"]
+        line = graph["line"]["hop_p50"]
+        alone(f"graph, {size_label(graph['size'])} chunks: line hop p50", show_time(line))
+        for key, label, judged_by in (
+            ("join_one_sending", "   join, one source sending", "graph.join_hop_p50"),
+            ("join", "   join, both sending apart", ""),
+            ("join_in_step", "   join, both sending in step", ""),
+        ):
+            compare(label, graph[key]["hop_p50"], line, "time", judged_by)
+        two = graph["line_two_streams"]["hop_p50"]
+        compare("   line, two streams at once", two, line, "time")
+        compare(
+            "   join (both) vs two streams",
+            graph["join"]["hop_p50"],
+            two,
+            "time",
+            "graph.join_two_hop_p50",
+        )
+        past = graph["routed_past"]
+        alone(
+            f"   routed past: submitted of {past['requests']}",
+            str(past["submitted"]),
+            "graph.routed_past",
+        )
     omni, socket = results["control"]["omni"], results["control"]["socket"]
     compare("outputs: latency p50", omni["hop_p50"], socket["hop_p50"], "time")
     compare("   p99", omni["hop_p99"], socket["hop_p99"], "time")
