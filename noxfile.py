@@ -128,6 +128,10 @@ def ray(session: nox.Session) -> None:
     # stress test at the small size (at full size it runs on worker processes).
     stages = ["tests/test_process.py", "tests/test_restarts.py", "tests/test_inprocess.py"]
     stages += ["tests/test_connector.py", "tests/test_dataplane.py"]
+    # a stage graph across actors: a diamond whose join reads both branches
+    stages.append(
+        "tests/test_process_routes.py::test_an_async_chunk_join_reads_each_branch_as_it_comes"
+    )
     # an engine in a thread as a Ray actor: the listen stage (Whisper), one start,
     # many questions (eSpeak NG's engines are threads too: this one stands for them)
     stages.append(

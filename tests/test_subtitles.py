@@ -99,3 +99,10 @@ def test_run_prints_the_subtitles_and_writes_them_as_webvtt(tmp_path, capsys, mo
 def test_vtt_needs_a_subtitles_stage(capsys):
     assert main(["run", "demo", "--prompt", "x", "--vtt", "out.vtt"]) == 2
     assert "--vtt needs a subtitles final stage, demo has none" in capsys.readouterr().err
+
+
+def test_subtitles_alone_run_the_thinker_the_talker_and_the_subtitles():
+    """docs/config.md: ``final_stage_ids=[3]`` runs stages 0, 1 and 3, not code2wav."""
+    graph = shipped_pipeline("subtitled").graph
+    assert sorted(graph.route(finals=[3]).stages) == [0, 1, 3]
+    assert sorted(graph.route(finals=[0, 2]).stages) == [0, 1, 2]  # what the server asks

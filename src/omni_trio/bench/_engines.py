@@ -74,52 +74,61 @@ def chunk_sender() -> Engine:
     return engine
 
 
+class _Tally:
+    """What a reader completes with: the first chunk's stamp, the count, the hops
+    (when kept) and the count per source."""
+
+    def __init__(self, keep: bool) -> None:
+        self.keep = keep
+        self.hops: list[int] = []
+        self.per_source: dict[int, int] = {}
+        self.first: int | None = None
+        self.count = 0
+
+    def add(self, chunk: bytes, source: int) -> None:
+        arrived = time.monotonic_ns()
+        (stamp,) = STAMP.unpack_from(chunk)
+        if self.first is None:
+            self.first = stamp
+        if self.keep:
+            self.hops.append(arrived - stamp)
+        self.per_source[source] = self.per_source.get(source, 0) + 1
+        self.count += 1
+
+    def last(self) -> Last:
+        found = {"first": self.first, "count": self.count, "hops": self.hops}
+        return Last({**found, "sources": self.per_source})
+
+
+def _keeps_hops(request: EngineRequest) -> bool:
+    return bool(request.inputs and request.inputs.get("hops"))
+
+
 def chunk_reader() -> Engine:
     """Stage 1: reads every chunk, yielding one small output (its count so far) per
     chunk; completes with the first chunk's stamp, the count, and -- when the input
     says ``"hops": true`` -- each chunk's hop (ns from its stamp to its arrival)."""
 
     async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
-        keep = bool(request.inputs and request.inputs.get("hops"))
-        hops: list[int] = []
-        first = None
-        count = 0
+        tally = _Tally(_keeps_hops(request))
         async for chunk in io:
-            arrived = time.monotonic_ns()
-            (stamp,) = STAMP.unpack_from(chunk)
-            if first is None:
-                first = stamp
-            if keep:
-                hops.append(arrived - stamp)
-            count += 1
-            yield count
-        yield Last({"first": first, "count": count, "hops": hops})
+            tally.add(chunk, 0)
+            yield tally.count
+        yield tally.last()
 
     return engine
 
 
 def chunk_joiner() -> Engine:
     """:func:`chunk_reader` at a join: reads every source's chunks as they come
-    (``io.chunks()``); completes with the first chunk's stamp, the count, the hops,
-    and how many chunks came from each source."""
+    (``io.chunks()``); completes with how many came from each source too."""
 
     async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
-        keep = bool(request.inputs and request.inputs.get("hops"))
-        hops: list[int] = []
-        per_source: dict[int, int] = {}
-        first = None
-        count = 0
+        tally = _Tally(_keeps_hops(request))
         async for source, chunk in io.chunks():
-            arrived = time.monotonic_ns()
-            (stamp,) = STAMP.unpack_from(chunk)
-            if first is None:
-                first = stamp
-            if keep:
-                hops.append(arrived - stamp)
-            per_source[source] = per_source.get(source, 0) + 1
-            count += 1
-            yield count
-        yield Last({"first": first, "count": count, "hops": hops, "sources": per_source})
+            tally.add(chunk, source)
+            yield tally.count
+        yield tally.last()
 
     return engine
 

@@ -424,9 +424,7 @@ class RequestIO:
             if found is not None:
                 await self._checkpoint()  # shielded: what was taken is not lost
             else:
-                if request.inside:
-                    request.inside = False  # waiting for a chunk is not computing
-                    self._worker.gate.leave()
+                self._stop_computing()
                 inbox = request.inbox_receive
                 while found is None:
                     notice, link = await inbox.receive()
@@ -463,9 +461,7 @@ class RequestIO:
             if found is not None:
                 await self._checkpoint()  # shielded: what was taken is not lost
             else:
-                if request.inside:
-                    request.inside = False  # waiting for a chunk is not computing
-                    self._worker.gate.leave()
+                self._stop_computing()
                 found = await request.inbox_receive.receive()
                 self._since_yield = 0
             notice, link = found
@@ -481,6 +477,14 @@ class RequestIO:
                 continue  # that source is done; the others go on
             if data is not None:
                 return source, data
+
+    def _stop_computing(self) -> None:
+        """The engine waits for a chunk: it leaves the gate (waiting is not
+        computing)."""
+        request = self._request
+        if request.inside:
+            request.inside = False
+            self._worker.gate.leave()
 
     def _take_any(self, sources: list[int]) -> Notice | None:
         """The next notice of any of ``sources`` that is here: set aside, or in the
