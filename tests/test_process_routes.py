@@ -91,12 +91,14 @@ async def test_a_request_enters_midway_in_async_chunk_mode():
             assert sorted((sid, d) for sid, d in got if d is not None) == [(0, "hi"), (2, "HI")]
 
 
-def diamond(join="joins", args="{}", branch=("enters_or_relays", "{}"), **pipeline):
-    """0 fans out to 1 and 2, which 3 joins: an async_chunk diamond."""
+def diamond(join="joins", args="{}", branches=None, **pipeline):
+    """0 fans out to 1 and 2, which 3 joins: an async_chunk diamond (``branches``:
+    the two branches' ``(engine, args)``, relays by default)."""
+    one, two = branches or [("enters_or_relays", "{}")] * 2
     return pipeline_config(
         ("enters_or_relays", "{}", False, ""),
-        (*branch, False, "engine_input_source = [0]"),
-        ("enters_or_relays", "{}", False, "engine_input_source = [0]"),
+        (*one, False, "engine_input_source = [0]"),
+        (*two, False, "engine_input_source = [0]"),
         (join, args, True, "engine_input_source = [1, 2]"),
         **pipeline,
     )
@@ -198,21 +200,25 @@ async def test_sending_to_a_stage_off_the_route_fails_the_request_saying_so():
             assert "stage 9 does not read this stage on the request's route" in terminal.error
 
 
-async def test_a_failing_branch_ends_the_request_once_and_aborts_the_rest_of_its_route():
-    """Branch 1 fails: one error terminal, naming it; the join and the other branch
-    are aborted, and every stage forgets the request; the next request runs."""
-    config = diamond(branch=("breaks_on", '{ word = "b" }'))
-    async with open_pipeline(config) as pipeline:
+@pytest.mark.parametrize("broken", [1, 2])
+async def test_a_failing_branch_ends_the_request_once_and_aborts_the_rest_of_its_route(broken):
+    """Either branch fails: one error terminal, naming it; the join and the other
+    branch are aborted, and every stage forgets the request; the next request runs."""
+    branches = [("enters_or_relays", "{}")] * 2
+    branches[broken - 1] = ("breaks_on", '{ word = "b" }')
+    whole = 3 - broken  # the branch that does not break
+    async with open_pipeline(diamond(branches=branches)) as pipeline:
         with trio.fail_after(30):
             got, terminal = await outputs(pipeline, "a b")
             assert terminal.finish_reason == "error"
-            assert terminal.error.startswith("stage 1 failed:")
+            assert terminal.error.startswith(f"stage {broken} failed:")
             assert "the engine broke on 'b'" in terminal.error
             # whatever the join had read before the end: never the broken chunk
-            assert {d for sid, d in got if sid == 3} <= {"1:a", "2:a", "2:b", None}
+            read = {d for sid, d in got if sid == 3}
+            assert read <= {f"{broken}:a", f"{whole}:a", f"{whole}:b", None}
             await trio.testing.wait_all_tasks_blocked()
             assert (await worker_requests(pipeline)) == [0, 0, 0, 0]
             # the other branch alone still runs (the failing one is routed past)
-            got, terminal = await outputs(pipeline, "c", entry_stage_ids=[2])
+            got, terminal = await outputs(pipeline, "c", entry_stage_ids=[whole])
             assert terminal.finish_reason == "completed"
-            assert by_source(got) == {2: ["c"]}
+            assert by_source(got) == {whole: ["c"]}
