@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import zlib
 from array import array
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any
@@ -260,15 +261,15 @@ class _Cues:
 
     def __init__(self, words_per_cue: int) -> None:
         self.words_per_cue = words_per_cue
-        self.words: list[str] = []
-        self.durations: list[float] = []
+        self.words: deque[str] = deque()
+        self.durations: deque[float] = deque()
         self.start = self.end = 0.0
         self.cue: list[str] = []
 
     def add(self) -> str | None:
         """Take the next word whose codes are here; a cue, if it ends one."""
-        word = self.words.pop(0).strip()
-        self.end += self.durations.pop(0)
+        word = self.words.popleft().strip()
+        self.end += self.durations.popleft()
         self.cue.append(word)
         if len(self.cue) >= self.words_per_cue or word.endswith((".", ",", "!", "?")):
             return self.flush()
@@ -308,8 +309,8 @@ def subtitles(words_per_cue: int = 7, text_stage: int = 0, codes_stage: int = 1)
                     if (timed := cues.add()) is not None:
                         yield timed
         else:
-            cues.words = list(request.inputs["words"])
-            cues.durations = [len(codes) * FRAME_SECONDS for codes in request.inputs["codes"]]
+            cues.words.extend(str(word) for word in request.inputs["words"])
+            cues.durations.extend(len(codes) * FRAME_SECONDS for codes in request.inputs["codes"])
             while cues.ready():
                 if (timed := cues.add()) is not None:
                     yield timed
