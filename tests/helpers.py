@@ -28,6 +28,12 @@ ONLY_FULL_SIZE = pytest.mark.skipif(
 END_TO_END = pytest.mark.skipif(
     not FULL_SIZE, reason="the command line end to end: on the full-size Python only"
 )
+#: Marks a documented example's run (a script of README.md or docs/, in a process of
+#: its own): the library under it is tested on every Python, so it runs on the
+#: full-size Python only; the others compile it (its syntax is theirs too).
+DOCUMENTED = pytest.mark.skipif(
+    not FULL_SIZE, reason="a documented example's run: on the full-size Python only"
+)
 
 
 def view(outputs: Iterable[OrchOutput]) -> list[tuple[int, Any, bool]]:

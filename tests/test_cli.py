@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import omni_trio
-from helpers import ONLY_FULL_SIZE
+from helpers import END_TO_END, ONLY_FULL_SIZE
 from omni_trio.cli import main
 
 
@@ -265,6 +265,7 @@ BAD_ARGUMENTS = [
 ]
 
 
+@END_TO_END
 @pytest.mark.parametrize(("argv", "message"), BAD_ARGUMENTS, ids=[a for a, _ in BAD_ARGUMENTS])
 def test_a_bad_argument_is_one_line_and_status_2_before_anything_starts(tmp_path, argv, message):
     (tmp_path / "empty.txt").write_text(" \n\n")
@@ -290,6 +291,7 @@ def test_a_bad_argument_is_one_line_and_status_2_before_anything_starts(tmp_path
     assert not list(tmp_path.glob("*.wav"))  # nothing ran
 
 
+@END_TO_END
 def test_run_finds_the_engines_beside_its_config_and_prints_json(tmp_path):
     config = user_pipeline(tmp_path / "models", "my_models")
     (tmp_path / "prompt.txt").write_text("Hello there\n")
@@ -314,6 +316,7 @@ def test_run_finds_the_engines_beside_its_config_and_prints_json(tmp_path):
     assert metrics["num_outputs"] == len(outputs)
 
 
+@END_TO_END
 def test_run_reads_the_prompt_from_stdin_and_takes_the_sample_rate_from_the_config(
     tmp_path, monkeypatch, capsys
 ):
@@ -382,6 +385,7 @@ final_output = true
 """
 
 
+@END_TO_END
 def test_a_hung_engine_ends_run_with_status_1_and_its_cause(tmp_path):
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "hung_models.py").write_text(HUNG_MODELS)
@@ -397,6 +401,7 @@ def test_a_hung_engine_ends_run_with_status_1_and_its_cause(tmp_path):
     assert "Traceback" not in done.stdout + done.stderr
 
 
+@END_TO_END
 def test_run_takes_the_orchestrator_options_from_the_command_line(tmp_path):
     (tmp_path / "hung_models.py").write_text(HUNG_MODELS)
     config = tmp_path / "hung.toml"

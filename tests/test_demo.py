@@ -106,6 +106,7 @@ def test_the_audio_is_deterministic_for_a_prompt():
     assert [len(pcm) for pcm in first] == [25 * 960 * 2, 5 * 960 * 2]  # a second, then the rest
 
 
+@END_TO_END
 def test_run_streams_one_request_through_a_config(tmp_path, capsys):
     pipeline = str(files("omni_trio") / "pipelines" / "demo.toml")
     wav_path = tmp_path / "run.wav"
@@ -123,6 +124,7 @@ def test_run_reports_a_bad_config(tmp_path, capsys):
     assert "stages[0]: Object missing required field `engine`" in capsys.readouterr().err
 
 
+@END_TO_END
 def test_the_demo_options_reach_the_run(tmp_path, capsys):
     output = tmp_path / "one.wav"
     argv = ["demo", "--quick", "--engines", "simulated", "--thinker", "simulated"]
@@ -140,6 +142,7 @@ def test_the_demo_options_reach_the_run(tmp_path, capsys):
         assert wav.getnframes() == 5 * 4 * int(SAMPLE_RATE * 0.04)  # 5 tokens' audio
 
 
+@END_TO_END
 def test_the_first_request_streams_its_text_live(tmp_path):
     options = DemoOptions.quick(tmp_path / "x.wav")
     options.modes, options.concurrency, options.requests = ["async_chunk"], [1], 1
@@ -173,6 +176,7 @@ def test_run_exits_1_when_the_request_fails(tmp_path, capsys):
     assert "before" in printed.out
 
 
+@END_TO_END
 def test_run_writes_the_sample_rate_it_is_given(tmp_path):
     pipeline = str(files("omni_trio") / "pipelines" / "demo.toml")
     wav_path = tmp_path / "run.wav"
@@ -182,6 +186,7 @@ def test_run_writes_the_sample_rate_it_is_given(tmp_path):
         assert wav.getframerate() == 16000
 
 
+@END_TO_END
 def test_run_draws_the_requests_timeline(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     png = tmp_path / "one.png"
@@ -199,6 +204,7 @@ def test_run_says_the_timeline_needs_matplotlib(tmp_path, capsys, monkeypatch):
     )
 
 
+@END_TO_END
 def test_run_json_has_each_stages_submit_time(capsys):
     assert main(["run", "demo", "--prompt", "Hi", "--json"]) == 0
     *_, terminal = (json.loads(line) for line in capsys.readouterr().out.splitlines())

@@ -1,8 +1,9 @@
 """The Python examples in README.md and docs/*.md run.
 
 Every fenced ```` ```python ```` block is run as a standalone script, in a subprocess,
-from the repository root: so a block must be complete (its imports, its
-``trio.run(main)``), quick (a few seconds) and need no network.
+from the repository root (on the full-size Python; the others compile it): so a
+block must be complete (its imports, its ``trio.run(main)``), quick (a few seconds)
+and need no network.
 
 A block is a **fragment**, and is not run, when the line directly before its opening
 fence is exactly ``<!-- fragment -->`` (invisible in the rendered docs; say in the
@@ -27,6 +28,7 @@ import attrs
 import pytest
 
 import omni_trio
+from helpers import DOCUMENTED
 
 ROOT = Path(__file__).resolve().parent.parent
 FRAGMENT = "<!-- fragment -->"
@@ -98,6 +100,13 @@ BLOCKS = all_blocks()
 EXECUTED = [block for block in BLOCKS if not block.fragment]
 
 
+@pytest.mark.parametrize("block", EXECUTED, ids=[block.id for block in EXECUTED])
+def test_example_compiles(block: Block) -> None:
+    """On every Python: what runs on one (below) is this Python's syntax too."""
+    compile("\n" * block.line + block.code, block.id, "exec", dont_inherit=True)
+
+
+@DOCUMENTED
 @pytest.mark.parametrize("block", EXECUTED, ids=[block.id for block in EXECUTED])
 def test_example_runs(block: Block, tmp_path: Path) -> None:
     # padded so that a traceback's line numbers are the Markdown file's

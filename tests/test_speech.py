@@ -18,6 +18,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
+from helpers import END_TO_END
 from omni_trio import open_pipeline
 from omni_trio.cli import main
 from omni_trio.demo.runner import template
@@ -234,6 +235,7 @@ async def test_concurrent_requests_each_get_their_own_speech(async_chunk, backen
     assert spoken[0][1] != spoken[2][1]
 
 
+@END_TO_END
 def test_omni_trio_run_speaks_into_a_wav(tmp_path, capsys):
     path = tmp_path / "speech.wav"
     assert main(["run", "speech", "--prompt", "Tell me a story", "--wav", str(path)]) == 0
@@ -247,6 +249,7 @@ def test_omni_trio_run_speaks_into_a_wav(tmp_path, capsys):
     assert_speaks(pcm, answer)
 
 
+@END_TO_END
 def test_the_demo_speaks_and_draws(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     wav_path, png = tmp_path / "demo.wav", tmp_path / "timeline.png"
@@ -263,6 +266,7 @@ def test_the_demo_speaks_and_draws(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@END_TO_END
 def test_without_the_extra_the_demo_says_so_in_one_line(tmp_path):
     # A fresh process in which eSpeak NG cannot be imported (nor can matplotlib).
     probe = (

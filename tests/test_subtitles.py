@@ -9,6 +9,7 @@ import msgspec
 import pytest
 import trio
 
+from helpers import END_TO_END
 from omni_trio import open_pipeline
 from omni_trio.cli import main
 from omni_trio.config import shipped_pipeline
@@ -83,6 +84,7 @@ async def test_a_text_only_request_never_reaches_the_talker_or_the_subtitles():
                 assert stage.statistics().worker_requests == 0
 
 
+@END_TO_END
 def test_run_prints_the_subtitles_and_writes_them_as_webvtt(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = ["run", "subtitled", "--prompt", PROMPT, "--wav", "out.wav", "--vtt", "out.vtt"]
