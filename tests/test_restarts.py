@@ -138,14 +138,14 @@ async def test_chunks_sent_while_the_reader_restarts_wait_for_its_next_worker(tm
     assert outs[-1].finish_reason == "completed"
 
 
-@pytest.mark.process_specific("a 1 s startup_timeout, which a Ray actor's own start can exceed")
+@pytest.mark.process_specific("a 2 s startup_timeout, which a Ray actor's own start can exceed")
 async def test_senders_to_a_stage_that_does_not_come_back_in_time_fail_naming_it(tmp_path):
     """Stage 2's worker is killed, and its next one takes longer to start than its
-    startup_timeout (1 s). The requests routed through it fail within that time,
+    startup_timeout (2 s). The requests routed through it fail within that time,
     naming stage 2 (stage 1's worker, streaming to it, waits that long, no longer;
     so does stage 2's own submit) -- while the requests that end at stage 0 or
     stage 1 keep completing meanwhile: their routes do not reach stage 2."""
-    timeout = 1.0
+    timeout = 2.0  # the first worker's own start must fit in it on a loaded machine
     args = f'{{ marker = "{tmp_path / "loaded-once"}", seconds = 30.0 }}'
     runtime = f'name = "code2wav"\n{RESTART}\nstartup_timeout = {timeout}'
     config = pipeline_config(
