@@ -37,7 +37,10 @@ __all__ = [
 #: Whisper's rate: an utterance given as text is said to have it (it has no audio).
 TEXT_RATE = 16_000
 ROLES = ("system", "user", "assistant")
-_KEYS = ("audio", "sample_rate", "text", "context", "sampling")
+#: An utterance's keys: what was said, its context and sampling; how to speak the
+#: answer (``speech``: :func:`omni_trio.speech.settings`); and how to transcribe it
+#: (``transcribe``: a transcription request's, see :func:`omni_trio.speech.listen`).
+_KEYS = ("audio", "sample_rate", "text", "context", "sampling", "speech", "transcribe")
 #: The sampling settings a request may carry, as OpenAI's API names them.
 SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "seed", "stop")
 #: OpenAI's bound on ``stop``.

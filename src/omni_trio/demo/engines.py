@@ -190,17 +190,19 @@ def talker(codes_per_second: float = 150.0, codes_per_token: int = 4) -> Engine:
                 yield codes
 
     async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
+        given = _words_of(request.inputs)  # a request that enters here: text to speak
         if io.connected:  # async_chunk: tokens stream in, codes stream out
 
             async def tokens() -> AsyncGenerator[str, None]:
                 async for chunk in io:
                     yield chunk.decode()
 
-            async with aclosing(tokens()) as text, aclosing(codes_for(text)) as coded:
+            text = tokens() if io.sources or given is None else _each(given)
+            async with aclosing(text), aclosing(codes_for(text)) as coded:
                 async for codes in coded:
                     await io.send(array("B", codes).tobytes())
         else:  # forward: the whole answer is the input
-            answer = list(request.inputs)
+            answer = list(request.inputs) if given is None else given
             count = 0
             async with aclosing(codes_for(answer)) as each:  # closed with this engine
                 async for codes in each:
@@ -208,6 +210,19 @@ def talker(codes_per_second: float = 150.0, codes_per_token: int = 4) -> Engine:
                     yield Last(codes) if count == len(answer) else codes
 
     return engine
+
+
+def _words_of(inputs: Any) -> list[str] | None:
+    """The words of a request's text where it enters at the talker (a string, or
+    ``{"text": ...}``: :func:`omni_trio.speech.say`), as the thinker would stream
+    them; ``None`` for any other input."""
+    text = inputs.get("text") if isinstance(inputs, Mapping) else inputs
+    return [f"{word} " for word in text.split()] if isinstance(text, str) else None
+
+
+async def _each(words: list[str]) -> AsyncGenerator[str, None]:
+    for word in words:
+        yield word
 
 
 def code2wav(chunk_codes: int = CODES_PER_CHUNK) -> Engine:

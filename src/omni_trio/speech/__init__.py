@@ -51,6 +51,10 @@ if TYPE_CHECKING:
     from ._vad import VoiceActivityDetector as VoiceActivityDetector
     from ._vad import WebRtcModel as WebRtcModel
     from ._vad import default_model as default_model
+    from ._voices import VOICES as VOICES
+    from ._voices import prewarm as prewarm
+    from ._voices import say as say
+    from ._voices import settings as settings
 
 _EXPORTS = {
     "._engines": ["SAMPLE_RATE", "PhraseSplitter", "code2wav", "talker", "talker2code2wav"],
@@ -73,6 +77,8 @@ _EXPORTS = {
         "WebRtcModel",
         "default_model",
     ],
+    # a request's voice and speed (OpenAI's voices, eSpeak NG's), and how they travel
+    "._voices": ["VOICES", "prewarm", "say", "settings"],
 }
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)
 # Imported on first use: speech_available() must not need trio or eSpeak, and

@@ -19,7 +19,7 @@ phonemes or PCM, so concurrent requests never share audio.
 from __future__ import annotations
 
 import codecs
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from functools import partial
 from typing import Any
 
@@ -28,6 +28,8 @@ import trio
 
 from ..process import ChunkIO, Engine, EngineRequest, Last, run_in_thread
 from ._espeak import ESpeak
+from ._voices import settings_of
+from ._voices import words_per_minute as rate_at
 
 __all__ = ["SAMPLE_RATE", "PhraseSplitter", "code2wav", "talker", "talker2code2wav"]
 
@@ -106,17 +108,21 @@ def phrase_codes(speech: ESpeak, phrase: str, voice: str) -> str:
 
 def talker(voice: str = "en", first_phrase_words: int = 4, phrase_words: int = 12) -> Engine:
     """Stage 1: text to eSpeak NG phoneme codes, a phrase at a time (see
-    :class:`PhraseSplitter` for ``first_phrase_words`` and ``phrase_words``).
+    :class:`PhraseSplitter` for ``first_phrase_words`` and ``phrase_words``), in
+    ``voice`` or the one the request asks for (:func:`~omni_trio.speech.settings`).
 
     async_chunk: reads text chunks (UTF-8) from upstream, sends each phrase's codes
     (ASCII) downstream. forward: its input is the thinker's tokens; it yields each
-    phrase's codes as a string, the last as :class:`~omni_trio.process.Last`.
+    phrase's codes as a string, the last as :class:`~omni_trio.process.Last` (first
+    the request's speech settings, if it has any: :func:`talker2code2wav` hands them
+    on). Where a request enters the pipeline here (a speech request's route: see
+    :func:`~omni_trio.speech.say`), its input is the text itself.
     """
     speech = ESpeak.get()  # loaded once per worker, before its first request
     speech.phonemes("", voice)  # an unknown voice fails the stage's start, not a request
     limiter = trio.CapacityLimiter(1)
 
-    async def codes_of(phrase: str) -> str:
+    async def codes_of(phrase: str, voice: str) -> str:
         call = partial(phrase_codes, speech, phrase, voice)
         return await run_in_thread(call, limiter=limiter, what="eSpeak NG")
 
@@ -124,22 +130,37 @@ def talker(voice: str = "en", first_phrase_words: int = 4, phrase_words: int = 1
         return PhraseSplitter(first_phrase_words, phrase_words)
 
     async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
-        if io.connected:  # async_chunk: text streams in, codes stream out
+        asked = settings_of(request.inputs)
+        said = asked.get("voice", voice)
+        text = _text_of(request.inputs)
+        if io.connected:  # async_chunk: codes stream out (text streams in, or is given)
             phrases = splitter()
-            decoder = codecs.getincrementaldecoder("utf-8")("replace")
 
             async def send(done: list[str]) -> None:
                 for phrase in done:
-                    if codes := await codes_of(phrase):
+                    if codes := await codes_of(phrase, said):
                         await io.send(codes.encode("ascii"))
 
-            async for chunk in io:
-                await send(phrases.feed(decoder.decode(chunk)))
-            await send(phrases.feed(decoder.decode(b"", final=True)) + phrases.flush())
+            if io.sources:
+                decoder = codecs.getincrementaldecoder("utf-8")("replace")
+                async for chunk in io:
+                    await send(phrases.feed(decoder.decode(chunk)))
+                await send(phrases.feed(decoder.decode(b"", final=True)) + phrases.flush())
+            elif text is None:
+                raise ValueError(
+                    "the talker's input, where a request enters the pipeline there, is "
+                    "the text to speak (a string, or omni_trio.speech.say(text)), not "
+                    f"{type(request.inputs).__name__}"
+                )
+            else:  # the route enters here: the request's own text
+                await send(phrases.feed(text) + phrases.flush())
         else:  # forward: the whole answer is the input
+            if asked:
+                yield dict(asked)
             held: str | None = None  # one phrase behind, to mark the last one
-            for phrase in _phrases(splitter(), request.inputs):
-                if codes := await codes_of(phrase):
+            tokens = request.inputs if text is None else [text]
+            for phrase in _phrases(splitter(), tokens):
+                if codes := await codes_of(phrase, said):
                     if held is not None:
                         yield held
                     held = codes
@@ -149,9 +170,20 @@ def talker(voice: str = "en", first_phrase_words: int = 4, phrase_words: int = 1
     return engine
 
 
+def _text_of(inputs: Any) -> str | None:
+    """A speech request's text (its input where it enters at the talker), or ``None``:
+    the thinker's text streams in, or is the input's tokens."""
+    if isinstance(inputs, str):
+        return inputs
+    if isinstance(inputs, Mapping) and isinstance(inputs.get("text"), str):
+        return str(inputs["text"])
+    return None
+
+
 def code2wav(voice: str = "en", words_per_minute: int = 175) -> Engine:
     """Stage 2: phoneme codes to speech, one PCM output (16-bit mono,
-    :data:`SAMPLE_RATE` Hz) per phrase, at ``words_per_minute``.
+    :data:`SAMPLE_RATE` Hz) per phrase, at ``words_per_minute``, in ``voice`` -- or
+    the voice and speed the request asks for (:func:`~omni_trio.speech.settings`).
 
     async_chunk: speaks each upstream chunk (one phrase's codes) as it arrives.
     forward: its input is the phrases' codes (:func:`talker2code2wav`).
@@ -162,19 +194,26 @@ def code2wav(voice: str = "en", words_per_minute: int = 175) -> Engine:
         raise RuntimeError(f"eSpeak NG speaks at {speech.sample_rate} Hz, not {SAMPLE_RATE}")
     limiter = trio.CapacityLimiter(1)
 
-    async def speak(codes: str) -> bytes:
-        call = partial(
-            speech.synthesize, codes, voice=voice, words_per_minute=words_per_minute, phonemes=True
-        )
-        return await run_in_thread(call, limiter=limiter, what="eSpeak NG")
-
     async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
+        asked = settings_of(request.inputs)
+        call = partial(
+            speech.synthesize,
+            voice=asked.get("voice", voice),
+            words_per_minute=rate_at(words_per_minute, asked.get("speed", 1.0)),
+            phonemes=True,
+        )
+
+        async def speak(codes: str) -> bytes:
+            return await run_in_thread(partial(call, codes), limiter=limiter, what="eSpeak NG")
+
         if io.connected:
             async for chunk in io:
                 if pcm := await speak(bytes(chunk).decode("ascii", "replace")):
                     yield pcm
         else:
-            phrases = [str(codes) for codes in request.inputs]
+            inputs = request.inputs
+            codes_list = inputs.get("codes", []) if isinstance(inputs, Mapping) else inputs
+            phrases = [str(codes) for codes in codes_list]
             for index, codes in enumerate(phrases, 1):
                 pcm = await speak(codes)
                 yield Last(pcm) if index == len(phrases) else pcm
@@ -190,6 +229,10 @@ def _phrases(splitter: PhraseSplitter, tokens: Iterable[Any]) -> list[str]:
 # -- the orchestrator's function -----------------------------------------------------------
 
 
-def talker2code2wav(outputs: list[Any]) -> list[str]:
-    """forward: code2wav's input is the talker's phrases' codes, in order."""
+def talker2code2wav(outputs: list[Any]) -> list[str] | dict[str, Any]:
+    """forward: code2wav's input is the talker's phrases' codes, in order (with the
+    request's speech settings, ``{"speech": ..., "codes": [...]}``, where the talker
+    handed some on)."""
+    if outputs and isinstance(outputs[0], Mapping):
+        return {"speech": dict(outputs[0]), "codes": [str(codes) for codes in outputs[1:]]}
     return [str(codes) for codes in outputs]

@@ -19,6 +19,12 @@ it works; more requests at once means more replicas. The model is loaded once pe
 worker, when the stage starts, and a missing faster-whisper or model fails the
 stage's start -- naming the ``voice`` extra -- instead of every request.
 
+A *transcription* request (``/v1/audio/transcriptions``: an utterance with a
+``transcribe`` key, whose route ends here) gets more: each segment as Whisper decodes
+it, ``{"text", "start", "end", ...}`` in seconds, then the whole transcript with the
+language and the audio's length (``Last({"text", "language", "duration"})``). It may
+set its own ``language``, ``prompt`` (Whisper's initial prompt) and ``temperature``.
+
 The settings are fixed so that the same audio gives the same words: greedy decoding
 (``beam_size=1``), one temperature and no fallback to others, no conditioning on the
 previous window's text, no voice-activity filter, and a fixed number of threads
@@ -29,14 +35,14 @@ on eSpeak NG's questions it hears them as well as float32 does, a little faster 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .._conversation import Turn, checked_utterance
+from .._conversation import Turn, Utterance, checked_utterance
 from ..process import ChunkIO, Engine, EngineRequest, Last, run_in_thread
 
 if TYPE_CHECKING:
@@ -120,18 +126,75 @@ def listen(
             trio.from_thread.check_cancelled()  # an abort stops at the next window
         return "".join(words).strip()
 
+    def begin(pcm: bytes, sample_rate: int, asked: Mapping[str, Any]) -> tuple[Any, Any]:
+        """In a thread: a transcription's segments (a generator: each ``next``
+        decodes) and what Whisper found of the audio (its language, its length)."""
+        import numpy as np
+
+        samples = _samples(pcm, sample_rate)
+        if samples is None:  # silence: Whisper hears nothing, and says how long it was
+            samples = np.zeros(len(pcm) // 2 * _WHISPER_RATE // sample_rate, dtype=np.float32)
+        return whisper.transcribe(samples, **{**options, **asked})  # type: ignore[no-any-return]
+
+    async def segments(heard: Utterance, asked: Mapping[str, Any]) -> AsyncIterator[Any]:
+        """A transcription request's: each segment as Whisper decodes it, then the
+        whole transcript with the audio's language and length."""
+        assert heard.audio is not None
+        call = partial(begin, heard.audio, heard.sample_rate, asked)
+        found, info = await run_in_thread(call, limiter=limiter, what="Whisper")
+        texts = []
+        decode = partial(next, found, None)
+        while (segment := await run_in_thread(decode, limiter=limiter, what="Whisper")) is not None:
+            texts.append(segment.text)
+            yield {
+                "id": segment.id,
+                "seek": segment.seek,
+                "start": segment.start,
+                "end": segment.end,
+                "text": segment.text,
+                "tokens": list(segment.tokens),
+                "temperature": segment.temperature,
+                "avg_logprob": segment.avg_logprob,
+                "compression_ratio": segment.compression_ratio,
+                "no_speech_prob": segment.no_speech_prob,
+            }
+        text = "".join(texts).strip()
+        yield Last({"text": text, "language": info.language, "duration": info.duration})
+
     async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
         heard = checked_utterance(request.inputs)
+        asked = _transcription(request.inputs)
+        if asked is not None and heard.audio is not None:
+            async for segment in segments(heard, asked):
+                yield segment
+            return
         if heard.audio is None:
             transcript = heard.text or ""
         else:
             call = partial(transcribe, heard.audio, heard.sample_rate)
             transcript = await run_in_thread(call, limiter=limiter, what="Whisper")
-        if io.connected and transcript:
+        if io.connected and io.targets and transcript:
             await io.send(transcript.encode("utf-8"))
         yield Last(transcript)
 
     return engine
+
+
+#: What a transcription request may ask of Whisper (``{"transcribe": {...}}`` in its
+#: utterance): OpenAI's names, and Whisper's for them.
+_TRANSCRIBE = {"language": "language", "prompt": "initial_prompt", "temperature": "temperature"}
+
+
+def _transcription(inputs: Any) -> dict[str, Any] | None:
+    """A transcription request's settings, as Whisper names them; ``None`` for any
+    other request (one whose transcript goes on to the thinker, whole)."""
+    asked = inputs.get("transcribe") if isinstance(inputs, Mapping) else None
+    if not isinstance(asked, Mapping):
+        return None
+    unknown = sorted(set(asked) - set(_TRANSCRIBE))
+    if unknown:
+        raise ValueError(f"transcribe: unknown setting(s) {unknown}: they are {list(_TRANSCRIBE)}")
+    return {_TRANSCRIBE[key]: value for key, value in asked.items() if value is not None}
 
 
 def _load(model: str | None, compute_type: str, cpu_threads: int) -> WhisperModel:

@@ -29,7 +29,7 @@ __all__ = ["Resampler"]
 if TYPE_CHECKING:
     import av
 
-_INSTALL = "pip install 'omni-trio[voice]'"
+_INSTALL = "pip install 'omni-trio[serve]'"
 
 
 class Resampler:
@@ -100,7 +100,7 @@ class Resampler:
         try:
             import av
         except ImportError:
-            raise ImportError(f"resampling needs PyAV, from the voice extra: {_INSTALL}") from None
+            raise ImportError(f"resampling needs PyAV (the serve extra's): {_INSTALL}") from None
         return av.AudioResampler(format="s16", layout="mono", rate=self.out_rate)
 
     def _frame(self, pcm: bytes) -> av.AudioFrame:
