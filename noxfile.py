@@ -77,13 +77,14 @@ def tests(session: nox.Session) -> None:
 
 
 #: The voice tests: Whisper (the listen stage), the voice activity detector, the
-#: voice pipeline and ``/v1/realtime`` with server VAD, driven by the ``openai``
-#: client's Realtime API.
+#: voice pipeline, ``/v1/realtime`` with server VAD, driven by the ``openai``
+#: client's Realtime API, and ``/v1/audio/transcriptions``.
 VOICE_TESTS = [
     "tests/test_listen.py",
     "tests/test_vad.py",
     "tests/test_voice.py",
     "tests/test_realtime_vad.py",
+    "tests/test_audio_transcriptions.py",
     "tests/test_bench_voice.py",
 ]
 

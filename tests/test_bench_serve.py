@@ -32,7 +32,7 @@ import bench_serve
 from helpers import ONLY_FULL_SIZE
 from omni_trio.serve import FinalOutput
 from omni_trio.serve._answer import Answer, Plan
-from omni_trio.serve._chat import _SSE_HEADERS
+from omni_trio.serve._chat import SSE_HEADERS
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOL = ROOT / "tools" / "bench_serve.py"
@@ -111,7 +111,7 @@ def test_the_floor_streams_the_servers_bytes():
 
     trio.run(app, {"type": "http", "path": "/v1/chat/completions"}, receive, send)
     start, *bodies = sent
-    assert start["headers"] == _SSE_HEADERS
+    assert start["headers"] == SSE_HEADERS
     assert [b["more_body"] for b in bodies] == [True] * 8 + [False]
     answer = Answer(Plan("a prompt", (TEXT, AUDIO), True, False, "pcm16", None), MODEL)
     expected, sizes = [], []

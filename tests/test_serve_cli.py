@@ -197,8 +197,13 @@ async def metrics(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], floa
 
 
 def finished(values: dict[tuple[str, frozenset[tuple[str, str]]], float], reason: str) -> float:
-    labels = frozenset({("model_name", MODEL), ("finish_reason", reason)})
-    return values[("omni_trio:requests_finished_total", labels)]
+    """Requests ended for ``reason``, over every endpoint."""
+    labels = {("model_name", MODEL), ("finish_reason", reason)}
+    return sum(
+        value
+        for (name, sample), value in values.items()
+        if name == "omni_trio:requests_finished_total" and labels <= sample
+    )
 
 
 def running(values: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> float:

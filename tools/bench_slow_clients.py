@@ -403,7 +403,14 @@ async def scrape(port: int) -> Samples:
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
+    """The sum of the series ``name`` whose labels include ``labels`` (a counter
+    by endpoint and finish reason, asked by reason: over every endpoint)."""
+    wanted = frozenset(labels.items())
+    return sum(
+        number
+        for (sample, sample_labels), number in samples.items()
+        if sample == name and wanted <= sample_labels
+    )
 
 
 #: The per-request tables on ``/metrics``: each 0 once no request is in flight and

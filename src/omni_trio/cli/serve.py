@@ -37,7 +37,9 @@ def add_parser(commands: Commands) -> None:
         description="Serve PIPELINE (a TOML config, or a shipped one: 'demo', the default, "
         "'speech' or 'voice') over HTTP: "
         "POST /v1/chat/completions (streamed or not, text and audio), the Realtime API's "
-        "WebSocket /v1/realtime (voice in and out, barge-in), GET /v1/models, "
+        "WebSocket /v1/realtime (voice in and out, barge-in), POST /v1/audio/speech "
+        "(a pipeline with a talker), POST /v1/audio/transcriptions (one that listens), "
+        "GET /v1/models, "
         "/health, /metrics. SIGTERM drains: requests in flight finish within "
         "shutdown_grace, new ones get 503. See docs/serving.md.",
     )
@@ -57,6 +59,14 @@ def add_parser(commands: Commands) -> None:
         default=1024 * 1024,
         metavar="N",
         help="the largest request body the server reads (default 1 MiB); a longer one gets 413",
+    )
+    serve.add_argument(
+        "--max-audio-seconds",
+        type=positive_number,
+        default=300.0,
+        metavar="SECONDS",
+        help="the longest audio /v1/audio/transcriptions takes (default 300); a longer "
+        "file gets 400",
     )
     serve.add_argument(
         "--write-timeout",
@@ -180,6 +190,7 @@ async def _serve_main(
         max_waiting=args.max_waiting,
         max_request_bytes=args.max_request_bytes,
         realtime=realtime,
+        max_audio_seconds=args.max_audio_seconds,
     )
     # The server's error as it is (a WorkerStartError: one line), not in a group.
     with unwrap_single_exception():

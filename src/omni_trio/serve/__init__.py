@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from .._util import lazy_exports
 
 if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
+    from ._app import DEFAULT_MAX_AUDIO_SECONDS as DEFAULT_MAX_AUDIO_SECONDS
     from ._app import DEFAULT_MAX_REQUEST_BYTES as DEFAULT_MAX_REQUEST_BYTES
     from ._app import DEFAULT_MAX_WAITING as DEFAULT_MAX_WAITING
     from ._app import OpenPipeline as OpenPipeline
@@ -20,6 +21,7 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from ._app import create_app as create_app
     from ._model import FinalOutput as FinalOutput
     from ._model import ServedModel as ServedModel
+    from ._model import SpeechRoute as SpeechRoute
     from ._protocol import OpenAIError as OpenAIError
     from ._server import DEFAULT_PORT as DEFAULT_PORT
     from ._server import DEFAULT_WRITE_TIMEOUT as DEFAULT_WRITE_TIMEOUT
@@ -27,6 +29,7 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
 
 _EXPORTS = {
     "._app": [
+        "DEFAULT_MAX_AUDIO_SECONDS",
         "DEFAULT_MAX_REQUEST_BYTES",
         "DEFAULT_MAX_WAITING",
         "OpenPipeline",
@@ -35,7 +38,7 @@ _EXPORTS = {
         "app_for_config",
         "create_app",
     ],
-    "._model": ["FinalOutput", "ServedModel"],
+    "._model": ["FinalOutput", "ServedModel", "SpeechRoute"],
     "._protocol": ["OpenAIError"],
     "._server": ["DEFAULT_PORT", "DEFAULT_WRITE_TIMEOUT", "serve"],
 }

@@ -27,7 +27,9 @@ from ._metrics import CONTENT_TYPE
 from ._model import ServedModel
 from ._protocol import Model, ModelList, OpenAIError, decode_request, encode
 from ._realtime import RealtimeEndpoint, RealtimeOptions
+from ._speech import SpeechResponse, plan_speech
 from ._state import OutputsHook, ServerState
+from ._transcription import DEFAULT_MAX_AUDIO_SECONDS, TranscriptionResponse, plan_transcription
 
 if TYPE_CHECKING:
     from .._orchestrator import Orchestrator
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     from ._chat import Receive, Scope, Send
 
 __all__ = [
+    "DEFAULT_MAX_AUDIO_SECONDS",
     "DEFAULT_MAX_REQUEST_BYTES",
     "DEFAULT_MAX_WAITING",
     "OpenPipeline",
@@ -82,9 +85,12 @@ def create_app(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     on_outputs: OutputsHook | None = None,
     realtime: RealtimeOptions | None = None,
+    max_audio_seconds: float = DEFAULT_MAX_AUDIO_SECONDS,
 ) -> Starlette:
-    """An OpenAI-compatible ASGI app serving ``model``: chat completions, and the
-    Realtime API's WebSocket at ``/v1/realtime`` (see ``docs/voice.md``).
+    """An OpenAI-compatible ASGI app serving ``model``: chat completions, the
+    Realtime API's WebSocket at ``/v1/realtime`` (see ``docs/voice.md``), and speech
+    (``/v1/audio/speech``) and transcription (``/v1/audio/transcriptions``) where the
+    model's pipeline has a talker, and a listening stage.
 
     Args:
       model: The name clients ask for and the pipeline's final outputs.
@@ -104,14 +110,18 @@ def create_app(
           what it raises fails the response.
       realtime: The limits of ``/v1/realtime`` sessions (the defaults of
           :class:`RealtimeOptions` if ``None``).
+      max_audio_seconds: The longest audio ``/v1/audio/transcriptions`` takes (a
+          longer file gets 400, found while it is decoded).
 
     Raises:
-      ValueError: ``max_waiting`` is negative, or ``max_request_bytes`` is not
-          positive.
+      ValueError: ``max_waiting`` is negative, ``max_request_bytes`` is not
+          positive, or ``max_audio_seconds`` is not a positive number.
     """
     if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
         raise ValueError(f"max_waiting must be an integer >= 0, got {max_waiting!r}")
     check_positive_int("max_request_bytes", max_request_bytes)
+    if not isinstance(max_audio_seconds, int | float) or not max_audio_seconds > 0:
+        raise ValueError(f"max_audio_seconds must be a number > 0, got {max_audio_seconds!r}")
     state = ServerState(model, max_waiting, on_outputs)
     state.realtime = RealtimeEndpoint(state, realtime or RealtimeOptions())
     created = int(time.time())
@@ -188,6 +198,46 @@ def create_app(
             await ChatResponse(state, plan)(scope, receive, send)
 
     chat = Chat()
+
+    class Speech:
+        """``POST /v1/audio/speech``, a plain ASGI app like :class:`Chat`."""
+
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            try:
+                body = await read_body(scope, receive, max_request_bytes)
+            except OpenAIError as exc:
+                await refuse(receive, send, exc)
+                return
+            if body is None:
+                return
+            try:
+                plan = plan_speech(body, model)
+            except OpenAIError as exc:
+                await send_json(send, exc.status, exc.body(), exc.headers)
+                return
+            await SpeechResponse(state, plan)(scope, receive, send)
+
+    class Transcribe:
+        """``POST /v1/audio/transcriptions``: a multipart upload, read up to
+        ``max_request_bytes``."""
+
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            try:
+                body = await read_body(scope, receive, max_request_bytes)
+            except OpenAIError as exc:
+                await refuse(receive, send, exc)
+                return
+            if body is None:
+                return
+            try:
+                plan = await plan_transcription(
+                    scope, body, model, max_request_bytes=max_request_bytes
+                )
+            except OpenAIError as exc:
+                await send_json(send, exc.status, exc.body(), exc.headers)
+                return
+            await TranscriptionResponse(state, plan, max_audio_seconds)(scope, receive, send)
+
     app = _App(
         chat,
         state.realtime,
@@ -196,6 +246,8 @@ def create_app(
             Route("/v1/models", models, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route(_CHAT_PATH, chat, methods=["POST"]),  # what _ChatFirst does not take
+            Route("/v1/audio/speech", Speech(), methods=["POST"]),
+            Route("/v1/audio/transcriptions", Transcribe(), methods=["POST"]),
         ],
         lifespan=lifespan,
     )
@@ -266,6 +318,7 @@ def app_for_config(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     on_outputs: OutputsHook | None = None,
     realtime: RealtimeOptions | None = None,
+    max_audio_seconds: float = DEFAULT_MAX_AUDIO_SECONDS,
 ) -> Starlette:
     """:func:`create_app` for a pipeline config: its lifespan runs the config's
     pipeline (:func:`omni_trio.open_pipeline`)."""
@@ -278,4 +331,5 @@ def app_for_config(
         max_request_bytes=max_request_bytes,
         on_outputs=on_outputs,
         realtime=realtime,
+        max_audio_seconds=max_audio_seconds,
     )

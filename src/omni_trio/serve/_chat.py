@@ -27,13 +27,13 @@ if TYPE_CHECKING:
     from .._messages import OrchOutput
     from ._state import ServerState, Ticket
 
-__all__ = ["ChatResponse", "send_json"]
+__all__ = ["SSE_HEADERS", "ChatResponse", "send_json"]
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
-_SSE_HEADERS = [
+SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),  # a proxy in front must not hold the stream back
@@ -147,7 +147,7 @@ class ChatResponse:
                 ticket.admitted()
                 if plan.stream:
                     await send(
-                        {"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS}
+                        {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS}
                     )
                     self._started = True
                 on_outputs = self._server.on_outputs
@@ -173,7 +173,7 @@ class ChatResponse:
             # The block has exited: stream.terminal is known. No stream: the request
             # was never admitted (its client left, or the server stopped, first).
             terminal = None if stream is None else stream.terminal
-            self._server.finished(self._label(terminal), terminal, plan)
+            self._server.finished(self._label(terminal), terminal, plan, endpoint="chat")
         if answer.finish is None:
             raise self._failure(terminal)
         self._answered = True  # from here on, a cancellation cuts it short, unsaid

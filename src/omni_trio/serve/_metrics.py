@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ._model import ServedModel
     from ._state import ServerStatistics
 
-__all__ = ["CONTENT_TYPE", "ServerMetrics"]
+__all__ = ["CONTENT_TYPE", "ENDPOINTS", "ServerMetrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -32,6 +32,10 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
 #: Seconds; from a few ms (an in-process stage) to a minute (a long answer).
+#: What ``omni_trio:requests_finished``'s ``endpoint`` label says: which API took the
+#: request (``/v1/chat/completions``, ``/v1/realtime``, ``/v1/audio/speech``,
+#: ``/v1/audio/transcriptions``).
+ENDPOINTS = ("chat", "realtime", "speech", "transcription")
 _LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75,
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
@@ -92,12 +96,14 @@ class ServerMetrics:
         )
         finished = Counter(
             "omni_trio:requests_finished",
-            "Requests ended, by why (completed, aborted, error; length: max_tokens reached).",
-            [*labels, "finish_reason"],
+            "Requests ended, by endpoint (chat, realtime, speech, transcription) and why "
+            "(completed, aborted, error; length: max_tokens reached).",
+            [*labels, "endpoint", "finish_reason"],
             registry=self.registry,
         )
         self._finished = {
-            reason: finished.labels(name, reason)
+            (endpoint, reason): finished.labels(name, endpoint, reason)
+            for endpoint in ENDPOINTS
             for reason in ("completed", "aborted", "error", "length")
         }
         # The gauges read the server's counts at each scrape.
@@ -156,8 +162,8 @@ class ServerMetrics:
         self._statistics.server = server
         self.registry.register(self._statistics)
 
-    def finished(self, reason: str) -> None:
-        self._finished[reason].inc()
+    def finished(self, reason: str, endpoint: str) -> None:
+        self._finished[endpoint, reason].inc()
 
     def realtime_response(self, status: str, reason: str | None) -> None:
         """A realtime response ended as ``status`` (cancelled: for ``reason``)."""

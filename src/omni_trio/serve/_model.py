@@ -13,7 +13,7 @@ from ._protocol import OpenAIError
 if TYPE_CHECKING:
     from ..config import PipelineConfig
 
-__all__ = ["FinalOutput", "ServedModel"]
+__all__ = ["FinalOutput", "ServedModel", "SpeechRoute"]
 
 Modality = Literal["text", "audio", "transcript", "subtitles"]
 
@@ -50,6 +50,42 @@ def _as_tuple(outputs: Iterable[FinalOutput]) -> tuple[FinalOutput, ...]:
 
 @final
 @attrs.frozen
+class SpeechRoute:
+    """Where ``/v1/audio/speech`` runs in a pipeline: a request that enters at
+    ``entry`` (the talker: the stage that reads the text output) and ends at
+    ``output`` (the audio), passing the stages before ``entry`` by.
+
+    Attributes:
+      entry: The stage a speech request enters at; its input is the text
+          (:func:`omni_trio.speech.say`).
+      output: The audio output it ends at.
+    """
+
+    entry: int
+    output: FinalOutput
+
+    @classmethod
+    def of(cls, config: PipelineConfig, outputs: tuple[FinalOutput, ...]) -> SpeechRoute | None:
+        """The route of a config whose audio output is spoken from its text output
+        (``None`` if it has no such path): from the stage nearest the text, on the
+        way to the audio, that reads it."""
+        texts = {o.stage_id for o in outputs if o.modality == "text"}
+        inputs = config.stage_inputs
+        for output in (o for o in outputs if o.modality == "audio"):
+            stage, seen = output.stage_id, set()
+            while stage not in seen:
+                seen.add(stage)
+                sources = inputs[stage]
+                if texts & set(sources):
+                    return cls(stage, output)
+                if len(sources) != 1:  # the start, or a join: no single path back
+                    break
+                (stage,) = sources
+        return None
+
+
+@final
+@attrs.frozen
 class ServedModel:
     """A pipeline as the OpenAI-compatible API shows it.
 
@@ -61,11 +97,14 @@ class ServedModel:
           ``[pipeline] prompt = "conversation"``), rather than the last user
           message's text. A model that hears (see :attr:`hearing`) always takes
           one.
+      speech: Where ``/v1/audio/speech`` runs (:class:`SpeechRoute`), or ``None``:
+          the model does not speak text it is given.
     """
 
     name: str
     outputs: tuple[FinalOutput, ...] = attrs.field(converter=_as_tuple)
     conversation: bool = False
+    speech: SpeechRoute | None = None
 
     def __attrs_post_init__(self) -> None:
         if not self.answers:
@@ -80,7 +119,12 @@ class ServedModel:
             for s in config.stages
             if s.final_output
         )
-        return cls(config.pipeline.name, outputs, config.prompt == "conversation")
+        return cls(
+            config.pipeline.name,
+            outputs,
+            config.prompt == "conversation",
+            SpeechRoute.of(config, outputs),
+        )
 
     @property
     def modalities(self) -> list[Modality]:

@@ -17,7 +17,7 @@ import binascii
 import io
 import re
 import wave
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -44,6 +44,7 @@ __all__ = [
     "StreamOptions",
     "TextPart",
     "Usage",
+    "decode_body",
     "decode_request",
     "encode",
     "unavailable",
@@ -294,6 +295,7 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
         raise OpenAIError(400, "messages has no message with role 'user'", param="messages")
 
 
+_T = TypeVar("_T")
 _decoder = msgspec.json.Decoder(ChatCompletionRequest)
 _PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
 
@@ -304,8 +306,20 @@ def decode_request(body: bytes) -> ChatCompletionRequest:
     Raises:
       OpenAIError: 400, saying what is wrong and where (``param``: the field's path).
     """
+    request = decode_body(_decoder, body)
+    if not request.messages:
+        raise OpenAIError(400, "messages must not be empty", param="messages")
+    return request
+
+
+def decode_body(decoder: msgspec.json.Decoder[_T], body: bytes) -> _T:
+    """Decode a JSON request body with ``decoder``.
+
+    Raises:
+      OpenAIError: 400, saying what is wrong and where (``param``: the field's path).
+    """
     try:
-        request = _decoder.decode(body)
+        return decoder.decode(body)
     except msgspec.ValidationError as exc:
         text = str(exc)
         match = _PATH.search(text)
@@ -314,9 +328,6 @@ def decode_request(body: bytes) -> ChatCompletionRequest:
         raise OpenAIError(400, message, param=param or None) from None
     except msgspec.DecodeError as exc:
         raise OpenAIError(400, f"the request body is not valid JSON: {exc}") from None
-    if not request.messages:
-        raise OpenAIError(400, "messages must not be empty", param="messages")
-    return request
 
 
 # -- responses ------------------------------------------------------------------------

@@ -262,7 +262,9 @@ class Session:
         del self._scopes[response]
         status = self._state.ended(response, status, details)
         metrics = server.metrics
-        metrics.finished({"completed": "completed", "cancelled": "aborted"}.get(status, "error"))
+        metrics.finished(
+            {"completed": "completed", "cancelled": "aborted"}.get(status, "error"), "realtime"
+        )
         metrics.realtime_response("unseen" if response.silent else status, response.cancelled)
         self._apply()
 

@@ -135,10 +135,12 @@ class ServerState:
             )
         return Ticket(self)
 
-    def finished(self, reason: str, terminal: OrchOutput | None, plan: Plan) -> None:
-        """Count a request's end in the metrics."""
+    def finished(
+        self, reason: str, terminal: OrchOutput | None, plan: Plan, *, endpoint: str
+    ) -> None:
+        """Count a request's end in the metrics, under its ``endpoint``."""
         metrics = self.metrics
-        metrics.finished(reason)
+        metrics.finished(reason, endpoint)
         timings = None if terminal is None else terminal.metrics
         if timings is None:
             return

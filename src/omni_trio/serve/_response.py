@@ -1,0 +1,98 @@
+"""What the audio endpoints' responses share: a place in the server (a
+:class:`~._state.Ticket`), a task that watches for the client hanging up, and how a
+request that ends without completing is told.
+
+A response is a small ASGI application (as the chat endpoint's is): one nursery holds
+the response and the watcher; a client that hangs up cancels the response, and
+leaving :meth:`Orchestrator.open_request`'s block aborts the request at every stage
+of its route before the handler returns.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import trio
+
+from ._chat import send_json
+from ._protocol import OpenAIError, unavailable
+
+if TYPE_CHECKING:
+    from .._messages import OrchOutput
+    from ._chat import Receive, Scope, Send
+    from ._state import ServerState, Ticket
+
+__all__ = ["EndpointResponse"]
+
+#: How long a response may spend telling its client why it ended, once cancelled.
+_LAST_WORDS = 1.0
+
+
+class EndpointResponse:
+    """The ASGI response to one request of an endpoint: subclasses say how it runs
+    (:meth:`run`) and how an error reaches a client that has its first bytes
+    (:meth:`error_mid_stream`)."""
+
+    #: The ``endpoint`` label of the server's metrics.
+    endpoint = ""
+
+    def __init__(self, server: ServerState) -> None:
+        self.server = server
+        #: The response's head went out.
+        self.started = False
+        self._disconnected = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            ticket = self.server.enter()
+        except OpenAIError as exc:
+            await send_json(send, exc.status, exc.body(), exc.headers)
+            return
+        ended: OpenAIError | None = None
+        with ticket:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch_disconnect, receive, nursery.cancel_scope)
+                ticket.cancel_scope = nursery.cancel_scope
+                try:
+                    await self.run(send, ticket)
+                except OpenAIError as exc:  # the request ended without completing
+                    ended = exc
+                finally:
+                    nursery.cancel_scope.cancel()  # the watcher
+            if ticket.stopped and ended is None and not self._disconnected:
+                ended = unavailable(
+                    "the server shut down before the request finished", "server_shutting_down"
+                )
+        if ended is not None and not self._disconnected:
+            with trio.move_on_after(_LAST_WORDS):
+                if self.started:
+                    await self.error_mid_stream(send, ended)
+                else:
+                    await send_json(send, ended.status, ended.body(), ended.headers)
+
+    async def _watch_disconnect(self, receive: Receive, scope: trio.CancelScope) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self._disconnected = True
+                scope.cancel()
+                return
+
+    async def run(self, send: Send, ticket: Ticket) -> None:
+        """Run the request and send its response; raise :class:`OpenAIError` if it
+        ends without completing."""
+        raise NotImplementedError
+
+    async def error_mid_stream(self, send: Send, error: OpenAIError) -> None:
+        """Tell a client that has the response's first bytes that it failed. By
+        default nothing more is sent: the body ends without its last chunk, and
+        Hypercorn closes the connection, which every HTTP client reports as a broken
+        body -- never as a whole one."""
+
+    def ended(self, terminal: OrchOutput | None) -> OpenAIError:
+        """Why a request that did not complete ended, as its client is told."""
+        if terminal is not None and terminal.finish_reason == "error":
+            return OpenAIError(500, terminal.error or "the request failed", type="server_error")
+        return unavailable(
+            "the request was aborted: the server is shutting down", "server_shutting_down"
+        )
