@@ -33,7 +33,7 @@ from omni_trio.serve._app import server_state
 from omni_trio.testing import ScriptedStage
 
 MODEL = "qwen-omni-scripted"
-SAMPLE_RATE = 16_000
+SAMPLE_RATE = 24_000  # OpenAI's: pcm16 passes through as it is
 TEXT = FinalOutput(0, "text", "thinker")
 AUDIO = FinalOutput(2, "audio", "code2wav", SAMPLE_RATE)
 #: Prompts starting with this get no script: the test drives their stages.

@@ -22,7 +22,7 @@ from omni_trio.serve._protocol import (
     encode,
 )
 
-TEXT, AUDIO = FinalOutput(0, "text", "thinker"), FinalOutput(2, "audio", "code2wav", 16_000)
+TEXT, AUDIO = FinalOutput(0, "text", "thinker"), FinalOutput(2, "audio", "code2wav", 24_000)
 
 
 def plan(*, stream=True, usage=False, audio_format="pcm16", limit=None, outputs=(TEXT, AUDIO)):
@@ -102,7 +102,7 @@ def test_a_wav_chunk_is_a_whole_wav_file_at_the_stage_rate():
     [chunk] = events(answer.take([out(2, b"\x01\x00\x02\x00")]))
     data = base64.b64decode(chunk["choices"][0]["delta"]["audio"]["data"])
     with wave.open(io.BytesIO(data)) as wav:
-        assert (wav.getframerate(), wav.getnframes()) == (16_000, 2)
+        assert (wav.getframerate(), wav.getnframes()) == (24_000, 2)
         assert wav.readframes(2) == b"\x01\x00\x02\x00"
 
 

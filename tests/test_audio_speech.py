@@ -296,3 +296,59 @@ async def test_speech_and_chat_run_side_by_side_each_on_its_route():
     assert results["chat"]
     assert all(len(results[f"speech{i}"]) > 1000 for i in range(3))
     assert thinker.submitted == 1  # the chat's
+
+
+# -- chat completions' audio: the same voices, OpenAI's 24 kHz ---------------------------
+
+
+async def chat_audio(url: str, **audio: Any) -> tuple[bytes, str]:
+    def call() -> tuple[bytes, str]:
+        with client_of(url) as client:
+            answer = client.chat.completions.create(
+                model="espeak-omni",
+                modalities=["text", "audio"],
+                audio=audio,
+                messages=[{"role": "user", "content": "Tell me a story"}],
+            )
+            message = answer.choices[0].message
+            return base64.b64decode(message.audio.data), str(message.content)
+
+    return await trio.to_thread.run_sync(call)
+
+
+async def test_chat_audio_is_openais_24_khz_in_the_voice_asked_for():
+    async with speech_server() as (url, _):
+        nova, text = await chat_audio(url, format="pcm16", voice="nova")
+        onyx, _ = await chat_audio(url, format="pcm16", voice="onyx")
+        mp3, _ = await chat_audio(url, format="mp3", voice="nova")
+        wav, _ = await chat_audio(url, format="wav", voice="nova")
+    seconds = len(nova) / 2 / OUT_RATE
+    # the text's words at 175 a minute, give or take eSpeak NG's pauses
+    assert 0.6 * len(text.split()) / 175 * 60 < seconds < 1.6 * len(text.split()) / 175 * 60
+    assert onyx != nova
+    assert decoded_seconds(mp3, "mp3") == pytest.approx(seconds, abs=0.1)
+    with av.open(io.BytesIO(wav)) as file:  # a WAV says its own rate: the stage's
+        assert file.streams.audio[0].codec_context.sample_rate == 22_050
+
+
+async def test_chat_audio_errors_name_the_field():
+    async with speech_server() as (url, _):
+        for audio, param, message in [
+            ({"format": "pcm16", "voice": "nobody"}, "audio.voice", "unknown voice 'nobody'"),
+            ({"format": "mp3", "voice": "nova"}, "audio.format", "'mp3' is not streamed"),
+        ]:
+
+            def call(audio: dict[str, Any] = audio) -> Any:
+                with client_of(url) as client, pytest.raises(openai.BadRequestError) as caught:
+                    client.chat.completions.create(
+                        model="espeak-omni",
+                        modalities=["text", "audio"],
+                        audio=audio,
+                        stream=True,
+                        messages=[{"role": "user", "content": "Hi"}],
+                    )
+                return caught.value.body
+
+            body = await trio.to_thread.run_sync(call)
+            assert body["param"] == param
+            assert message in body["message"]

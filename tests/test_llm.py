@@ -302,7 +302,7 @@ async def test_omni_trio_serve_assistant_answers_through_the_openai_client(tmp_p
         return client.chat.completions.create(
             model="assistant",
             modalities=["text", "audio"],
-            audio={"voice": "alloy", "format": "wav"},
+            audio={"voice": "fable", "format": "wav"},  # eSpeak NG's en, a variant
             temperature=0,
             messages=[{"role": "user", "content": "What is the opposite of hot?"}],
             timeout=60,

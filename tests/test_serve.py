@@ -249,18 +249,18 @@ class TestTheBytes:
         "wav": _sse(
             _delta_event('{"role":"assistant","content":' + _TEXT_JSON + "}"),
             _delta_event(
-                _audio("UklGRigAAABXQVZFZm10IBAAAAABAAEAgD4AAAB9AAACABAAZGF0YQQAAAABAP9/")
+                _audio("UklGRigAAABXQVZFZm10IBAAAAABAAEAwF0AAIC7AAACABAAZGF0YQQAAAABAP9/")
             ),
             _delta_event('{"content":"plain "}'),
             _delta_event(
                 _audio(
-                    "UklGRlgAAABXQVZFZm10IBAAAAABAAEAgD4AAAB9AAACABAAZGF0YTQAAAAABQoPFBkeIygt"
+                    "UklGRlgAAABXQVZFZm10IBAAAAABAAEAwF0AAIC7AAACABAAZGF0YTQAAAAABQoPFBkeIygt"
                     "Mjc8QUZLUFVaX2RpbnN4fYKHjJGWm6Clqq+0ub7DyM3S19zh5uvw9fr/"
                 )
             ),
             _delta_event('{"content":"end."}'),
             _delta_event(
-                _audio("UklGRiYAAABXQVZFZm10IBAAAAABAAEAgD4AAAB9AAACABAAZGF0YQIAAAAAgA==")
+                _audio("UklGRiYAAABXQVZFZm10IBAAAAABAAEAwF0AAIC7AAACABAAZGF0YQIAAAAAgA==")
             ),
             _FINISH,
             "[DONE]",
@@ -506,7 +506,7 @@ class TestRequestErrors:
             ),
             (json.dumps(valid(modalities=["video"])).encode(), "modalities", "unknown modality"),
             (json.dumps(valid(modalities=[])).encode(), "modalities", "must not be empty"),
-            (json.dumps(valid(audio={"format": "mp3"})).encode(), "audio.format", None),
+            (json.dumps(valid(audio={"format": "ogg"})).encode(), "audio.format", None),
             (json.dumps({"messages": []}).encode(), None, "model"),
         ],
     )

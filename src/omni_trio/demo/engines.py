@@ -108,7 +108,10 @@ def thinker(
     """Stage 0: text tokens at ``tokens_per_second`` (see :func:`response_tokens`)."""
 
     async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
-        tokens = response_tokens(request.inputs, max_tokens, whole_sentences=whole_sentences)
+        prompt = request.inputs  # text; or, asking for a voice, {"text": ..., "speech": ...}
+        if isinstance(prompt, Mapping):
+            prompt = prompt.get("text", "")
+        tokens = response_tokens(prompt, max_tokens, whole_sentences=whole_sentences)
         for index, token in enumerate(tokens, 1):
             await trio.sleep(1 / tokens_per_second)
             if io.connected:

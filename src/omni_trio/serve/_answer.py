@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from .._audio import wav_bytes
+from ..speech._resample import Resampler
+from ._audio_out import OUT_RATE, AudioEncoder
 from ._protocol import (
     AudioDelta,
     ChatCompletion,
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
     from .._messages import OrchOutput, RequestMetrics
     from ._model import FinalOutput
 
-__all__ = ["DONE", "Answer", "Plan", "error_event"]
+__all__ = ["DONE", "STREAMED_FORMATS", "Answer", "Plan", "error_event", "with_voice"]
 
 DONE = b"data: [DONE]\n\n"
 #: A delta's value while its event's template is made (only the delta's value can be
@@ -71,14 +73,34 @@ class Plan:
         *,
         listens: bool,
         conversation: bool = False,
+        speaks: bool = False,
     ) -> Plan:
+        """``request``, checked, to run for ``outputs``.
+
+        Raises:
+          OpenAIError: 400, what :meth:`ChatCompletionRequest.prompt` refuses; a
+              voice no talker has; a streamed answer in a format that cannot stream.
+        """
+        prompt = request.prompt(listens=listens, conversation=conversation)
+        audio = request.audio
+        wants_audio = any(o.modality == "audio" for o in outputs)
+        if audio is not None and wants_audio:
+            if request.stream and audio.format not in STREAMED_FORMATS:
+                raise OpenAIError(
+                    400,
+                    f"audio.format {audio.format!r} is not streamed: a streamed answer's "
+                    f"audio is {' or '.join(map(repr, STREAMED_FORMATS))}",
+                    param="audio.format",
+                )
+            if audio.voice is not None and speaks:
+                prompt = with_voice(prompt, audio.voice)
         return cls(
-            prompt=request.prompt(listens=listens, conversation=conversation),
+            prompt=prompt,
             outputs=outputs,
             stream=request.stream,
             include_usage=request.stream_options is not None
             and request.stream_options.include_usage,
-            audio_format="wav" if request.audio is None else request.audio.format,
+            audio_format="wav" if audio is None else audio.format,
             token_limit=request.token_limit,
         )
 
@@ -96,6 +118,30 @@ class Plan:
             and (t := metrics.time_to_first_output(o.stage_id)) is not None
         ]
         return min(times, default=None)
+
+
+#: What a streamed answer's audio may be: 24 kHz PCM (OpenAI's ``pcm16``), or each
+#: delta a whole WAV file at the stage's rate.
+STREAMED_FORMATS = ("pcm16", "wav")
+
+
+def with_voice(prompt: Any, voice: str) -> Any:
+    """``prompt`` asking the talker and code2wav for ``voice``
+    (:func:`omni_trio.speech.settings`: an utterance's ``speech`` key; a plain text
+    prompt becomes ``{"text": ..., "speech": ...}``).
+
+    Raises:
+      OpenAIError: 400, a voice neither OpenAI's nor eSpeak NG's.
+    """
+    from ..speech._voices import VOICES, settings
+    from ._speech import knows_voice, unknown_voice
+
+    if voice not in VOICES and not knows_voice(voice):
+        raise unknown_voice(voice, "audio.voice")
+    asked = settings(voice)
+    if isinstance(prompt, dict):
+        return {**prompt, "speech": asked}
+    return {"text": prompt, "speech": asked}
 
 
 def error_event(error: OpenAIError) -> bytes:
@@ -144,6 +190,7 @@ class Answer:
         self._max_kept = max_whole_bytes
         self._kept = 0  # bytes in _text and _audio
         self._tokens = 0
+        self._resamplers: dict[int, Resampler] = {}
         #: What the text stage said of its answer (a language model's usage and why
         #: it stopped: its completion's meta), once it has.
         self._meta: dict[str, Any] | None = None
@@ -215,7 +262,17 @@ class Answer:
         pcm = data if isinstance(data, bytes) else bytes(data)
         if self._plan.audio_format == "wav":
             pcm = wav_bytes(pcm, final.sample_rate)
+        else:  # pcm16: OpenAI's 24 kHz
+            pcm = self._resampler(final).feed(pcm)
         return base64.b64encode(pcm)
+
+    def _resampler(self, final: FinalOutput) -> Resampler:
+        """A streamed pcm16 answer's resampler for ``final``'s audio (one per stream:
+        it keeps the filter's history from one delta to the next)."""
+        resampler = self._resamplers.get(final.stage_id)
+        if resampler is None:
+            resampler = self._resamplers[final.stage_id] = Resampler(final.sample_rate, OUT_RATE)
+        return resampler
 
     def _template(self, modality: str) -> tuple[bytes, bytes]:
         """The bytes of the next content event of ``modality`` before and after its
@@ -279,7 +336,12 @@ class Answer:
     def closing(self) -> bytes:
         """The end of a streamed answer: the finish chunk, the usage chunk if asked
         for, ``[DONE]``."""
-        events = self._event([ChunkChoice(0, Delta(), self.finish)])
+        events = b""
+        for resampler in self._resamplers.values():  # the filter's last samples
+            if rest := resampler.flush():
+                before, after = self._template("audio")
+                events += before + base64.b64encode(rest) + after
+        events += self._event([ChunkChoice(0, Delta(), self.finish)])
         if self._plan.include_usage:
             events += self._event([], self._usage())
         return events + DONE
@@ -292,8 +354,15 @@ class Answer:
         audio_outputs = [o for o in self._plan.outputs if o.modality == "audio"]
         if audio_outputs:
             pcm = b"".join(self._audio)
+            rate = audio_outputs[0].sample_rate
             if self._plan.audio_format == "wav":
-                pcm = wav_bytes(pcm, audio_outputs[0].sample_rate)
+                pcm = wav_bytes(pcm, rate)
+            elif self._plan.audio_format == "pcm16":
+                resampler = Resampler(rate, OUT_RATE)
+                pcm = resampler.feed(pcm) + resampler.flush()
+            else:  # mp3, opus, aac, flac: a whole file
+                encoder = AudioEncoder(self._plan.audio_format, rate)
+                pcm = encoder.feed(pcm) + encoder.finish()
             audio = MessageAudio(self._audio_id, _b64(pcm), int(time.time()) + 3600, text)
         message = Message(content=text if wants_text else None, audio=audio)
         return ChatCompletion(

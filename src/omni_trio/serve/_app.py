@@ -176,6 +176,7 @@ def create_app(
             outputs,
             listens=model.hearing is not None,
             conversation=model.takes_utterances,
+            speaks=model.speech is not None,
         )
 
     class Chat:

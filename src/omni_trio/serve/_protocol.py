@@ -195,7 +195,7 @@ class ChatMessage(msgspec.Struct):
 
 
 class AudioParams(msgspec.Struct):
-    format: Literal["wav", "pcm16"] = "wav"
+    format: Literal["wav", "pcm16", "mp3", "opus", "aac", "flac"] = "wav"
     voice: str | None = None
 
 

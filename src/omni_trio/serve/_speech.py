@@ -36,7 +36,15 @@ if TYPE_CHECKING:
     from ._model import ServedModel, SpeechRoute
     from ._state import ServerState, Ticket
 
-__all__ = ["MAX_INPUT_CHARS", "SpeechPlan", "SpeechRequest", "SpeechResponse", "plan_speech"]
+__all__ = [
+    "MAX_INPUT_CHARS",
+    "SpeechPlan",
+    "SpeechRequest",
+    "SpeechResponse",
+    "knows_voice",
+    "plan_speech",
+    "unknown_voice",
+]
 
 #: OpenAI's limit on ``input``.
 MAX_INPUT_CHARS = 4096
@@ -80,7 +88,17 @@ class SpeechPlan:
         return Plan(self.prompt, (self.route.output,), True, False, self.format, None)
 
 
-def _knows_voice(name: str) -> bool:
+def unknown_voice(voice: str, param: str) -> OpenAIError:
+    """The 400 for a voice that is neither OpenAI's nor eSpeak NG's: it lists them."""
+    return OpenAIError(
+        400,
+        f"unknown voice {voice!r}: the voices are {', '.join(sorted(VOICES))}, "
+        "or an eSpeak NG voice's name ('en', 'en-us', 'fr', 'en-us+f3', ...)",
+        param=param,
+    )
+
+
+def knows_voice(name: str) -> bool:
     """Whether eSpeak NG, loaded in this process, has a voice ``name``."""
     try:
         from ..speech._espeak import ESpeak
@@ -138,13 +156,8 @@ def plan_speech(body: bytes, model: ServedModel) -> SpeechPlan:
     _one_of("response_format", request.response_format, AUDIO_FORMATS)
     _one_of("stream_format", request.stream_format, ("audio", "sse"))
     voice = request.voice if isinstance(request.voice, str) else request.voice.id
-    if voice not in VOICES and not _knows_voice(voice):
-        raise OpenAIError(
-            400,
-            f"unknown voice {voice!r}: the voices are {', '.join(sorted(VOICES))}, "
-            "or an eSpeak NG voice's name ('en', 'en-us', 'fr', 'en-us+f3', ...)",
-            param="voice",
-        )
+    if voice not in VOICES and not knows_voice(voice):
+        raise unknown_voice(voice, "voice")
     return SpeechPlan(
         prompt=say(text, voice=voice, speed=request.speed),
         route=route,
