@@ -86,6 +86,7 @@ VOICE_TESTS = [
     "tests/test_realtime_vad.py",
     "tests/test_audio_transcriptions.py",
     "tests/test_bench_voice.py",
+    "tests/test_bench_audio.py",
 ]
 
 
@@ -200,8 +201,9 @@ def simulate(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
     """``omni-trio bench`` (not a default session): Trio vs the asyncio twin vs uvloop;
-    ``nox -s bench -- --only voice`` or ``-- --only llm``: realtime voice, the language
-    model (their extras and the model are installed too)."""
+    ``nox -s bench -- --only voice``, ``-- --only llm`` or ``-- --only audio``: realtime
+    voice, the language model, OpenAI's audio endpoints (their extras and the model are
+    installed too)."""
     session.install(".[bench,serve,voice,llm]")
     install_model(session)
     session.run("omni-trio", "bench", *session.posargs)

@@ -124,6 +124,18 @@ def test_bench_from_prints_the_saved_ray_report(capsys):
     assert "node death -> error, trial 3 │ 1.83 s" in out
 
 
+def test_bench_from_prints_the_saved_audio_report(capsys):
+    saved = Path(__file__).parent.parent / "docs" / "results" / "bench-audio-python3.11.json"
+    assert main(["bench", "--from", str(saved)]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps at the terminal width
+    assert out.startswith("$ omni-trio bench --only audio --json Python 3.11.7;")
+    # as docs/performance.md shows it
+    assert "speech, 200 chars, pcm: first byte, alone │ 6.2 │ 8.1 │ 10" in out
+    assert "transcription of 10.2 s of speech │ 583 │ 604 │ 6" in out
+    assert "Audio goals met: 2 of 4" in out
+    assert "no speech, concurrency 8: first byte p50 <= 2x concurrency 1: 4.42" in out
+
+
 # --- the command as a user meets it: checked arguments, `run`, `python -m omni_trio` ---
 
 SRC = str(Path(omni_trio.__file__).parent.parent)

@@ -285,38 +285,96 @@ async def test_the_assistant_answers_a_spoken_question_through_the_openai_realti
     assert recall(text, said) >= 0.5, (text, said)
 
 
-async def test_omni_trio_serve_assistant_answers_through_the_openai_client(tmp_path: Path):
-    """``omni-trio serve assistant`` as a user starts it: "What is the opposite of
-    hot?" at temperature 0 is answered "cold", in text and in speech, with the model's
-    usage."""
-    from voice_helpers import need_voice
+async def test_omni_trio_serve_assistant_serves_four_endpoints_at_once(tmp_path: Path):
+    """``omni-trio serve assistant`` as a user starts it, asked through all four of
+    its endpoints at the same time, each request on its own route: a chat ("What is
+    the opposite of hot?" at temperature 0 is answered "cold", in text and in speech,
+    with the model's usage), a realtime text turn, speech (talker and code2wav alone)
+    and a transcription (listen alone)."""
+    from voice_helpers import need_voice, recall, spoken
 
     need_voice()
     import openai
+    from websockets.sync.client import connect
 
-    from test_serve_cli import serving
+    from omni_trio._audio import wav_bytes
+    from test_serve_cli import realtime_url, serving, ws_event, ws_send
     from test_voice import whisper
 
-    def chat(url: str) -> Any:
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-        return client.chat.completions.create(
-            model="assistant",
-            modalities=["text", "audio"],
-            audio={"voice": "fable", "format": "wav"},  # eSpeak NG's en, a variant
-            temperature=0,
-            messages=[{"role": "user", "content": "What is the opposite of hot?"}],
-            timeout=60,
-        )
+    def client_of(url: str) -> Any:
+        return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
 
+    def chat(url: str) -> Any:
+        with client_of(url) as client:
+            return client.chat.completions.create(
+                model="assistant",
+                modalities=["text", "audio"],
+                audio={"voice": "fable", "format": "wav"},  # eSpeak NG's en, a variant
+                temperature=0,
+                messages=[{"role": "user", "content": "What is the opposite of hot?"}],
+                timeout=60,
+            )
+
+    def realtime(server: Any) -> str:
+        with connect(realtime_url(server), max_size=None) as ws:
+            ws_event(ws, "session.created")
+            content = [{"type": "input_text", "text": "What is the capital of France?"}]
+            item = {"type": "message", "role": "user", "content": content}
+            ws_send(ws, "conversation.item.create", item=item)
+            ws_send(ws, "response.create")
+            done = ws_event(ws, "response.done", timeout=60)
+        return str(done["response"]["status"])
+
+    def speech(url: str) -> bytes:
+        with client_of(url) as client:
+            return client.audio.speech.create(
+                model="assistant", voice="nova", input="Good morning to you.", response_format="pcm"
+            ).content
+
+    question = "Which planet is the largest in our solar system?"
+
+    def transcription(url: str) -> str:
+        with client_of(url) as client:
+            wav = wav_bytes(spoken(question, 16_000), 16_000)
+            return client.audio.transcriptions.create(model="assistant", file=("q.wav", wav)).text
+
+    found: dict[str, Any] = {}
     chain = "listen -> thinker -> talker -> code2wav"
     async with serving(tmp_path, "assistant", chain=chain) as server:
-        completion = await trio.to_thread.run_sync(chat, server.url)
-    [choice] = completion.choices
+
+        async def run(name: str, call: Any, *args: Any) -> None:
+            found[name] = await trio.to_thread.run_sync(call, *args)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run, "chat", chat, server.url)
+            nursery.start_soon(run, "realtime", realtime, server)
+            nursery.start_soon(run, "speech", speech, server.url)
+            nursery.start_soon(run, "transcription", transcription, server.url)
+        finished = await finished_by_endpoint(server)
+    [choice] = found["chat"].choices
     assert "cold" in choice.message.content.lower(), choice.message.content
-    assert completion.usage.completion_tokens > 0
-    assert completion.usage.prompt_tokens > 6  # the model's count, not the question's words
+    assert found["chat"].usage.completion_tokens > 0
+    assert found["chat"].usage.prompt_tokens > 6  # the model's count, not the question's words
     wav = base64.b64decode(choice.message.audio.data)
     with wave.open(io.BytesIO(wav)) as read:
         pcm, rate = read.readframes(read.getnframes()), read.getframerate()
     said = await whisper(pcm, rate)
     assert "cold" in said.lower(), said
+    assert found["realtime"] == "completed"
+    assert len(found["speech"]) / 2 / 24_000 > 0.8  # "Good morning to you."
+    assert recall(question, found["transcription"]) >= 0.6, found["transcription"]
+    assert finished == {"chat": 1, "realtime": 1, "speech": 1, "transcription": 1}
+
+
+async def finished_by_endpoint(server: Any) -> dict[str, float]:
+    """``omni_trio:requests_finished_total{finish_reason="completed"}``, by endpoint."""
+    from test_serve_cli import metrics
+
+    values = await metrics(server.url)
+    return {
+        dict(labels)["endpoint"]: value
+        for (name, labels), value in values.items()
+        if name == "omni_trio:requests_finished_total"
+        and dict(labels)["finish_reason"] == "completed"
+        and value
+    }

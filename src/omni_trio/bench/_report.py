@@ -66,9 +66,10 @@ ROWS = [
 def run_bench(*, quick: bool, command: str, only: str | None = None) -> dict[str, Any] | None:
     """Run the in-process scenarios, then the process scenarios, then the replica
     pools, then the Ray scenarios if Ray is installed (``only``: ``"inprocess"``,
-    ``"process"``, ``"replicas"``, ``"ray"``, ``"voice"`` or ``"llm"``, just those);
+    ``"process"``, ``"replicas"``, ``"ray"``, ``"voice"``, ``"llm"`` or ``"audio"``,
+    just those);
     the report, or ``None`` if a run failed (its error output is printed)."""
-    if only in ("process", "replicas", "ray", "voice", "llm"):
+    if only in ("process", "replicas", "ray", "voice", "llm", "audio"):
         report: dict[str, Any] | None = header(command=command, quick=quick)
     else:
         report = _run_inprocess(quick=quick, command=command)
@@ -80,6 +81,14 @@ def run_bench(*, quick: bool, command: str, only: str | None = None) -> dict[str
         if voice is None:
             return None
         report["voice"] = voice
+        return report
+    if only == "audio":
+        from ._audio import run_audio_bench
+
+        audio = run_audio_bench(quick=quick, console=console)
+        if audio is None:
+            return None
+        report["audio"] = audio
         return report
     if only == "llm":
         llm = run_llm_bench(quick=quick, console=console)
@@ -225,6 +234,12 @@ def print_report(report: dict[str, Any]) -> None:
         if not {"results", "process", "replicas", "ray", "voice"} & report.keys():
             print_header(report, Console())
         print_llm_report(report, Console())
+    if "audio" in report:
+        from ._audio import print_audio_report
+
+        if not {"results", "process", "replicas", "ray", "voice", "llm"} & report.keys():
+            print_header(report, Console())
+        print_audio_report(report, Console())
 
 
 def _print_inprocess(report: dict[str, Any]) -> None:

@@ -34,7 +34,7 @@ def add_parser(commands: Commands) -> None:
     bench.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     bench.add_argument(
         "--only",
-        choices=["inprocess", "process", "replicas", "ray", "voice", "llm"],
+        choices=["inprocess", "process", "replicas", "ray", "voice", "llm", "audio"],
         help="run only the in-process scenarios, only the process scenarios "
         "(worker processes against their floors), only the replica pools (throughput "
         "and first output at 1 to 8 replicas of a bottleneck stage), only the Ray "
@@ -43,7 +43,9 @@ def add_parser(commands: Commands) -> None:
         "real-time pace: turn latency at 1 and 10 sessions, barge-in; minutes), or the "
         "language model's, which it leaves out too (llama.cpp through the orchestrator "
         "against called directly, batching, a cancelled request and the next, the "
-        "worker's heartbeat, spoken turns on the assistant; minutes)",
+        "worker's heartbeat, spoken turns on the assistant; minutes), or OpenAI's audio "
+        "endpoints' (speech's first byte and real-time factor, alone, 8 at once and "
+        "beside 4 chats; a transcription)",
     )
     bench.add_argument(
         "--from",
@@ -72,6 +74,12 @@ def _check(args: argparse.Namespace) -> None:
         missing = llm_missing()
         if missing is not None:
             raise UsageError(f"--only llm: {missing}")
+    if args.only == "audio" and args.from_file is None:
+        from ..bench._audio import audio_missing
+
+        missing = audio_missing()
+        if missing is not None:
+            raise UsageError(f"--only audio: {missing}")
     if args.from_file is not None:
         try:
             with open(args.from_file) as saved:
