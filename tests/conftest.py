@@ -63,10 +63,14 @@ def _ray_cluster_for_every_stage():
 
 
 def pytest_collection_modifyitems(config, items):
-    """``OMNI_TRIO_STAGE_BACKEND=ray``: skip what only worker processes do."""
+    """``OMNI_TRIO_STAGE_BACKEND=ray``: skip what only worker processes do, and what
+    no backend changes (shown once, on worker processes)."""
     if os.environ.get("OMNI_TRIO_STAGE_BACKEND") is None:
         return
     for item in items:
         marker = item.get_closest_marker("process_specific")
         if marker is not None:
             item.add_marker(pytest.mark.skip(reason=f"process-specific: {marker.args[0]}"))
+        marker = item.get_closest_marker("backend_agnostic")
+        if marker is not None:
+            item.add_marker(pytest.mark.skip(reason=f"backend-agnostic: {marker.args[0]}"))

@@ -61,6 +61,7 @@ async def test_forward_end_to_end():
     ]
 
 
+@pytest.mark.backend_agnostic("the worker's own marking of its last output")
 async def test_async_chunk_a_marked_last_output_is_the_completion():
     config = pipeline_config(
         ("marks_last", "{ count = 3 }", True, ""),
@@ -78,6 +79,7 @@ async def test_async_chunk_a_marked_last_output_is_the_completion():
         assert outs[-1].data == {0: "hi:2", 2: "HI:2"}[outs[-1].stage_id]
 
 
+@pytest.mark.backend_agnostic("the worker's own marking of its last output")
 async def test_forward_a_marked_last_output_is_the_completion_and_is_forwarded():
     config = pipeline_config(
         ("marks_last", "{ count = 2 }", True, ""),
@@ -97,6 +99,7 @@ async def test_forward_a_marked_last_output_is_the_completion_and_is_forwarded()
     ]
 
 
+@pytest.mark.backend_agnostic("the worker's own marking of its last output")
 async def test_what_an_engine_says_of_its_last_output_reaches_the_user():
     # Last(data, meta): the meta travels with the completion, from a final stage
     # that is not the last (a non-terminal output) and from the last (the terminal).
