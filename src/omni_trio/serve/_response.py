@@ -1,8 +1,10 @@
-"""What the audio endpoints' responses share: a place in the server (a
+"""What the endpoints' responses share: a place in the server (a
 :class:`~._state.Ticket`), a task that watches for the client hanging up, and how a
 request that ends without completing is told.
 
-A response is a small ASGI application (as the chat endpoint's is): one nursery holds
+A response is a small ASGI application, not a Starlette ``StreamingResponse`` over an
+async generator (whose cleanup runs when the garbage collector gets to it, not in
+structured order): one nursery holds
 the response and the watcher; a client that hangs up cancels the response, and
 leaving :meth:`Orchestrator.open_request`'s block aborts the request at every stage
 of its route before the handler returns.
@@ -10,22 +12,49 @@ of its route before the handler returns.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._chat import send_json
-from ._protocol import OpenAIError, unavailable
+from ._protocol import OpenAIError, encode, unavailable
 
 if TYPE_CHECKING:
     from .._messages import OrchOutput
-    from ._chat import Receive, Scope, Send
     from ._state import ServerState, Ticket
 
-__all__ = ["EndpointResponse"]
+__all__ = ["SSE_HEADERS", "EndpointResponse", "Receive", "Scope", "Send", "send_json"]
 
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),  # a proxy in front must not hold the stream back
+]
 #: How long a response may spend telling its client why it ended, once cancelled.
 _LAST_WORDS = 1.0
+
+
+async def send_json(
+    send: Send, status: int, body: Any, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """A whole JSON response (a msgspec struct or plain data)."""
+    data = encode(body)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(data)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": data})
 
 
 class EndpointResponse:
@@ -40,6 +69,9 @@ class EndpointResponse:
         self.server = server
         #: The response's head went out.
         self.started = False
+        #: The request's outcome is known and being sent: a cancellation from here
+        #: on cuts it short, unsaid.
+        self.answered = False
         self._disconnected = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -59,7 +91,7 @@ class EndpointResponse:
                     ended = exc
                 finally:
                     nursery.cancel_scope.cancel()  # the watcher
-            if ticket.stopped and ended is None and not self._disconnected:
+            if ticket.stopped and not self.answered and not self._disconnected:
                 ended = unavailable(
                     "the server shut down before the request finished", "server_shutting_down"
                 )

@@ -27,13 +27,12 @@ import trio
 from ..speech._voices import MAX_SPEED, MIN_SPEED, VOICES, say
 from ._answer import Plan
 from ._audio_out import AUDIO_FORMATS, MEDIA_TYPES, AudioEncoder
-from ._chat import SSE_HEADERS
 from ._protocol import OpenAIError, decode_body, encode, unavailable
-from ._response import EndpointResponse
+from ._response import SSE_HEADERS, EndpointResponse
 
 if TYPE_CHECKING:
-    from ._chat import Send
     from ._model import ServedModel, SpeechRoute
+    from ._response import Send
     from ._state import ServerState, Ticket
 
 __all__ = [
@@ -226,6 +225,7 @@ class SpeechResponse(EndpointResponse):
             server.finished(reason, terminal, plan.chat_plan, endpoint=self.endpoint)
         if terminal is None or terminal.finish_reason != "completed":
             raise self.ended(terminal)
+        self.answered = True  # from here on, a cancellation cuts it short, unsaid
         rest = encoder.finish()
         if rest or not self.started:
             await self._send(send, rest)

@@ -26,14 +26,13 @@ from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 
 from ._audio_in import HEARD_RATE, NotAudioError, decode_audio
-from ._chat import SSE_HEADERS, send_json
 from ._protocol import OpenAIError, encode, unavailable
-from ._response import EndpointResponse
+from ._response import SSE_HEADERS, EndpointResponse, send_json
 
 if TYPE_CHECKING:
     from ._answer import Plan
-    from ._chat import Receive, Scope, Send
     from ._model import FinalOutput, ServedModel
+    from ._response import Receive, Scope, Send
     from ._state import ServerState, Ticket
 
 __all__ = [
@@ -252,6 +251,7 @@ class TranscriptionResponse(EndpointResponse):
             server.finished(reason, terminal, plan.chat_plan, endpoint=self.endpoint)
         if terminal is None or terminal.finish_reason != "completed":
             raise self.ended(terminal)
+        self.answered = True  # from here on, a cancellation cuts it short, unsaid
         text = str(result.get("text", "")).strip()
         if plan.stream:
             await self._start(send, SSE_HEADERS)
