@@ -93,7 +93,7 @@ def tests(session: nox.Session) -> None:
 
 #: The voice tests: Whisper (the listen stage), the voice activity detector, the
 #: voice pipeline, ``/v1/realtime`` with server VAD, driven by the ``openai``
-#: client's Realtime API, and ``/v1/audio/transcriptions``.
+#: client's Realtime API, and ``/v1/audio/transcriptions`` (the docs' example too).
 VOICE_TESTS = [
     "tests/test_listen.py",
     "tests/test_vad.py",
@@ -102,6 +102,7 @@ VOICE_TESTS = [
     "tests/test_audio_transcriptions.py",
     "tests/test_bench_voice.py",
     "tests/test_bench_audio.py",
+    "tests/test_docs.py::test_an_example_that_hears_runs",
 ]
 
 

@@ -7,7 +7,9 @@ and need no network.
 
 A block is a **fragment**, and is not run, when the line directly before its opening
 fence is exactly ``<!-- fragment -->`` (invisible in the rendered docs; say in the
-text, or in a ``# fragment: ...`` first line, that it is one). Prefer complete
+text, or in a ``# fragment: ...`` first line, that it is one). A block after
+``<!-- needs the voice extra -->`` runs in the voice session only (it hears with
+Whisper); every Python compiles it too. Prefer complete
 examples; mark as fragments only shapes that cannot stand alone (a pattern with
 placeholders, a class layout, the inside of a block).
 
@@ -32,6 +34,8 @@ from helpers import DOCUMENTED
 
 ROOT = Path(__file__).resolve().parent.parent
 FRAGMENT = "<!-- fragment -->"
+#: Before a block that needs Whisper: it runs in the voice session (``nox -s voice``).
+NEEDS_VOICE = "<!-- needs the voice extra -->"
 PYTHON_FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`\s]*)")
 # the files whose examples the issue names: each must have at least one that runs
 MUST_RUN = {"README.md", "docs/index.md", "docs/process.md", "docs/testing.md"}
@@ -44,6 +48,7 @@ class Block:
     line: int  # of the opening fence, 1-based
     code: str
     fragment: bool
+    needs_voice: bool = False
 
     @property
     def id(self) -> str:
@@ -78,7 +83,8 @@ def extract_blocks(text: str, path: str = "<text>") -> list[Block]:
         i += 1  # the closing fence
         if match["info"] in ("python", "py", "python3"):
             before = lines[start - 1] if start else ""
-            blocks.append(Block(path, start + 1, "\n".join(body) + "\n", before == FRAGMENT))
+            code = "\n".join(body) + "\n"
+            blocks.append(Block(path, start + 1, code, before == FRAGMENT, before == NEEDS_VOICE))
     return blocks
 
 
@@ -97,10 +103,12 @@ def all_blocks() -> list[Block]:
 
 
 BLOCKS = all_blocks()
-EXECUTED = [block for block in BLOCKS if not block.fragment]
+EXECUTED = [block for block in BLOCKS if not block.fragment and not block.needs_voice]
+#: The examples that need Whisper: they run in the voice session.
+HEARING = [block for block in BLOCKS if block.needs_voice]
 
 
-@pytest.mark.parametrize("block", EXECUTED, ids=[block.id for block in EXECUTED])
+@pytest.mark.parametrize("block", EXECUTED + HEARING, ids=[b.id for b in EXECUTED + HEARING])
 def test_example_compiles(block: Block) -> None:
     """On every Python: what runs on one (below) is this Python's syntax too."""
     compile("\n" * block.line + block.code, block.id, "exec", dont_inherit=True)
@@ -109,6 +117,20 @@ def test_example_compiles(block: Block) -> None:
 @DOCUMENTED
 @pytest.mark.parametrize("block", EXECUTED, ids=[block.id for block in EXECUTED])
 def test_example_runs(block: Block, tmp_path: Path) -> None:
+    run_example(block, tmp_path)
+
+
+@pytest.mark.parametrize("block", HEARING, ids=[block.id for block in HEARING])
+def test_an_example_that_hears_runs(block: Block, tmp_path: Path) -> None:
+    """Where the voice extra is installed (``nox -s voice``)."""
+    from voice_helpers import need_voice
+
+    need_voice()
+    run_example(block, tmp_path)
+
+
+def run_example(block: Block, tmp_path: Path) -> None:
+    """Run ``block`` as a script, from the repository root; it must succeed."""
     # padded so that a traceback's line numbers are the Markdown file's
     script = tmp_path / (re.sub(r"\W", "_", block.path) + f"_line{block.line}.py")
     script.write_text("\n" * block.line + block.code, encoding="utf-8")
