@@ -234,6 +234,27 @@ async def running_server(
         nursery.cancel_scope.cancel()
 
 
+@asynccontextmanager
+async def served(config: Any, **options: Any) -> AsyncIterator[tuple[str, Any]]:
+    """A pipeline config's real pipeline (``omni_trio.open_pipeline``) served on a
+    free port: its URL, and the running pipeline; ``options``: ``create_app``'s."""
+    from omni_trio import open_pipeline
+
+    running: list[Any] = []
+
+    @asynccontextmanager
+    async def opener() -> AsyncIterator[Any]:
+        async with open_pipeline(config) as pipeline:
+            running.append(pipeline)
+            yield pipeline
+
+    app = create_app(ServedModel.from_config(config), opener, **options)
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(partial(serve, app, port=0))
+        yield url, running[0]
+        nursery.cancel_scope.cancel()
+
+
 # -- reading responses ------------------------------------------------------------------
 
 

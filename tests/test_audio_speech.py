@@ -10,8 +10,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
@@ -31,28 +29,15 @@ openai = pytest.importorskip("openai")
 
 from omni_trio.serve import ServedModel, create_app, serve  # noqa: E402
 from omni_trio.serve._audio_out import OUT_RATE, AudioEncoder  # noqa: E402
+from serve_helpers import served  # noqa: E402
 
 SENTENCE = "The quick brown fox jumps over the lazy dog near the river bank."
 FORMATS = ["wav", "pcm", "mp3", "opus", "aac", "flac"]
 
 
-@asynccontextmanager
-async def speech_server(name: str = "speech") -> AsyncIterator[tuple[str, Any]]:
+def speech_server(name: str = "speech") -> Any:
     """A shipped pipeline served on a free port: its URL, and the running pipeline."""
-    config = shipped_pipeline(name)
-    running: list[Any] = []
-
-    @asynccontextmanager
-    async def opener() -> AsyncIterator[Any]:
-        async with open_pipeline(config) as pipeline:
-            running.append(pipeline)
-            yield pipeline
-
-    app = create_app(ServedModel.from_config(config), opener)
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(partial(serve, app, port=0))
-        yield url, running[0]
-        nursery.cancel_scope.cancel()
+    return served(shipped_pipeline(name))
 
 
 def client_of(url: str) -> Any:

@@ -7,8 +7,6 @@ Needs the voice extra (Whisper): ``nox -s voice``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
@@ -22,32 +20,18 @@ need_voice()
 import httpx  # noqa: E402
 import openai  # noqa: E402
 
-from omni_trio import open_pipeline  # noqa: E402
 from omni_trio._audio import wav_bytes  # noqa: E402
 from omni_trio.config import shipped_pipeline  # noqa: E402
-from omni_trio.serve import ServedModel, create_app, serve  # noqa: E402
+from serve_helpers import served  # noqa: E402
 
 QUESTION = "Which planet is the largest in our solar system?"
 MODEL = "voice-omni"
 
 
-@asynccontextmanager
-async def voice_server(name: str = "voice", **options: Any) -> AsyncIterator[tuple[str, Any]]:
-    """A shipped pipeline served on a free port: its URL, and the running pipeline."""
-    config = shipped_pipeline(name)
-    running: list[Any] = []
-
-    @asynccontextmanager
-    async def opener() -> AsyncIterator[Any]:
-        async with open_pipeline(config) as pipeline:
-            running.append(pipeline)
-            yield pipeline
-
-    app = create_app(ServedModel.from_config(config), opener, **options)
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(partial(serve, app, port=0))
-        yield url, running[0]
-        nursery.cancel_scope.cancel()
+def voice_server(name: str = "voice", **options: Any) -> Any:
+    """A shipped pipeline served on a free port: its URL, and the running pipeline
+    (``options``: ``create_app``'s)."""
+    return served(shipped_pipeline(name), **options)
 
 
 def wav_of(text: str) -> bytes:

@@ -15,9 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from functools import partial
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +29,9 @@ need_voice()
 import openai  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
-from omni_trio import open_pipeline  # noqa: E402
 from omni_trio.bench._voice import SESSION, voice_config  # noqa: E402
-from omni_trio.serve import RealtimeOptions, ServedModel, create_app, serve  # noqa: E402
+from omni_trio.serve import RealtimeOptions  # noqa: E402
+from serve_helpers import served  # noqa: E402
 from test_serve_cli import realtime_url, serving, ws_event, ws_send  # noqa: E402
 
 QUESTION = "What is the capital city of France?"
@@ -48,23 +46,10 @@ RATE = 24_000
 CHUNK = RATE * 2 // 50  # 20 ms of 24 kHz PCM16
 
 
-@asynccontextmanager
-async def voice_server(config: Any = None, **options: Any) -> AsyncIterator[tuple[str, Any]]:
-    """The voice pipeline served on a free port: its URL, and the running pipeline."""
-    config = config or voice_config()
-    running: list[Any] = []
-
-    @asynccontextmanager
-    async def opener() -> AsyncIterator[Any]:
-        async with open_pipeline(config) as pipeline:
-            running.append(pipeline)
-            yield pipeline
-
-    app = create_app(ServedModel.from_config(config), opener, realtime=RealtimeOptions(**options))
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(partial(serve, app, port=0))
-        yield url, running[0]
-        nursery.cancel_scope.cancel()
+def voice_server(config: Any = None, **options: Any) -> Any:
+    """The voice pipeline served on a free port: its URL, and the running pipeline
+    (``options``: :class:`RealtimeOptions`')."""
+    return served(config or voice_config(), realtime=RealtimeOptions(**options))
 
 
 def client_of(url: str) -> openai.AsyncOpenAI:

@@ -9,7 +9,7 @@ with ``add_middleware`` still wraps everything, the chat endpoint too.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -27,6 +27,7 @@ from ._metrics import CONTENT_TYPE
 from ._model import ServedModel
 from ._protocol import Model, ModelList, OpenAIError, decode_request, encode
 from ._realtime import RealtimeEndpoint, RealtimeOptions
+from ._response import EndpointResponse
 from ._speech import SpeechResponse, plan_speech
 from ._state import OutputsHook, ServerState
 from ._transcription import DEFAULT_MAX_AUDIO_SECONDS, TranscriptionResponse, plan_transcription
@@ -179,65 +180,19 @@ def create_app(
             speaks=model.speech is not None,
         )
 
-    class Chat:
-        """The chat endpoint, as a plain ASGI app (Starlette calls it as it is): it
-        reads the body itself, up to ``max_request_bytes``."""
+    async def chat_response(scope: Scope, body: bytes) -> EndpointResponse:
+        return ChatResponse(state, _plan(body))
 
-        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-            try:
-                body = await read_body(scope, receive, max_request_bytes)
-            except OpenAIError as exc:  # 413: the rest of the body stays unread
-                await refuse(receive, send, exc)
-                return
-            if body is None:  # the client hung up: no one to answer
-                return
-            try:
-                plan = _plan(body)
-            except OpenAIError as exc:
-                await send_json(send, exc.status, exc.body(), exc.headers)
-                return
-            await ChatResponse(state, plan)(scope, receive, send)
+    async def speech_response(scope: Scope, body: bytes) -> EndpointResponse:
+        return SpeechResponse(state, plan_speech(body, model))
 
-    chat = Chat()
+    async def transcription_response(scope: Scope, body: bytes) -> EndpointResponse:
+        plan = await plan_transcription(scope, body, model, max_request_bytes=max_request_bytes)
+        return TranscriptionResponse(state, plan, max_audio_seconds)
 
-    class Speech:
-        """``POST /v1/audio/speech``, a plain ASGI app like :class:`Chat`."""
-
-        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-            try:
-                body = await read_body(scope, receive, max_request_bytes)
-            except OpenAIError as exc:
-                await refuse(receive, send, exc)
-                return
-            if body is None:
-                return
-            try:
-                plan = plan_speech(body, model)
-            except OpenAIError as exc:
-                await send_json(send, exc.status, exc.body(), exc.headers)
-                return
-            await SpeechResponse(state, plan)(scope, receive, send)
-
-    class Transcribe:
-        """``POST /v1/audio/transcriptions``: a multipart upload, read up to
-        ``max_request_bytes``."""
-
-        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-            try:
-                body = await read_body(scope, receive, max_request_bytes)
-            except OpenAIError as exc:
-                await refuse(receive, send, exc)
-                return
-            if body is None:
-                return
-            try:
-                plan = await plan_transcription(
-                    scope, body, model, max_request_bytes=max_request_bytes
-                )
-            except OpenAIError as exc:
-                await send_json(send, exc.status, exc.body(), exc.headers)
-                return
-            await TranscriptionResponse(state, plan, max_audio_seconds)(scope, receive, send)
+    chat = _Endpoint(chat_response, max_request_bytes)
+    speech = _Endpoint(speech_response, max_request_bytes)
+    transcription = _Endpoint(transcription_response, max_request_bytes)
 
     app = _App(
         chat,
@@ -247,13 +202,43 @@ def create_app(
             Route("/v1/models", models, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route(_CHAT_PATH, chat, methods=["POST"]),  # what _ChatFirst does not take
-            Route("/v1/audio/speech", Speech(), methods=["POST"]),
-            Route("/v1/audio/transcriptions", Transcribe(), methods=["POST"]),
+            Route("/v1/audio/speech", speech, methods=["POST"]),
+            Route("/v1/audio/transcriptions", transcription, methods=["POST"]),
         ],
         lifespan=lifespan,
     )
     app.state.omni_trio = state
     return app
+
+
+class _Endpoint:
+    """A POST endpoint, as a plain ASGI app (Starlette calls it as it is): it reads
+    the body itself, up to ``max_request_bytes`` (413 beyond, the rest unread), has
+    ``respond`` check it -- an :class:`OpenAIError` is the answer -- and runs the
+    response it makes."""
+
+    def __init__(
+        self,
+        respond: Callable[[Scope, bytes], Awaitable[EndpointResponse]],
+        max_request_bytes: int,
+    ) -> None:
+        self._respond = respond
+        self._max_request_bytes = max_request_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            body = await read_body(scope, receive, self._max_request_bytes)
+        except OpenAIError as exc:  # 413: the rest of the body stays unread
+            await refuse(receive, send, exc)
+            return
+        if body is None:  # the client hung up: no one to answer
+            return
+        try:
+            response = await self._respond(scope, body)
+        except OpenAIError as exc:
+            await send_json(send, exc.status, exc.body(), exc.headers)
+            return
+        await response(scope, receive, send)
 
 
 class _App(Starlette):

@@ -108,10 +108,8 @@ class ChatResponse(EndpointResponse):
         except trio.ClosedResourceError:
             raise unavailable("the server is shutting down", "server_shutting_down") from None
         finally:
-            # The block has exited: stream.terminal is known. No stream: the request
-            # was never admitted (its client left, or the server stopped, first).
             terminal = None if stream is None else stream.terminal
-            self.server.finished(self._label(terminal), terminal, plan, endpoint=self.endpoint)
+            self.count_end(stream, plan, self._label(terminal))
         if answer.finish is None:
             raise self.ended(terminal)
         self.answered = True  # from here on, a cancellation cuts it short, unsaid

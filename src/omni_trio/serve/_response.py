@@ -21,6 +21,8 @@ from ._protocol import OpenAIError, encode, unavailable
 
 if TYPE_CHECKING:
     from .._messages import OrchOutput
+    from .._stream import RequestStream
+    from ._answer import Plan
     from ._state import ServerState, Ticket
 
 __all__ = ["SSE_HEADERS", "EndpointResponse", "Receive", "Scope", "Send", "send_json"]
@@ -120,6 +122,24 @@ class EndpointResponse:
         default nothing more is sent: the body ends without its last chunk, and
         Hypercorn closes the connection, which every HTTP client reports as a broken
         body -- never as a whole one."""
+
+    def count_end(self, stream: RequestStream | None, plan: Plan, reason: str = "") -> None:
+        """Count the request's end in the metrics (in a ``finally``: its block has
+        exited, so its terminal is known; no stream: it was never admitted).
+        ``reason``: the ``finish_reason`` label, if not the terminal's."""
+        terminal = None if stream is None else stream.terminal
+        if not reason:
+            reason = "aborted" if terminal is None else (terminal.finish_reason or "aborted")
+        self.server.finished(reason, terminal, plan, endpoint=self.endpoint)
+
+    def completed(self, stream: RequestStream | None) -> OrchOutput:
+        """The request's ``"completed"`` terminal -- from here on the response is
+        :attr:`answered` -- or raise why it ended otherwise (:meth:`ended`)."""
+        terminal = None if stream is None else stream.terminal
+        if terminal is None or terminal.finish_reason != "completed":
+            raise self.ended(terminal)
+        self.answered = True  # from here on, a cancellation cuts it short, unsaid
+        return terminal
 
     def ended(self, terminal: OrchOutput | None) -> OpenAIError:
         """Why a request that did not complete ended, as its client is told."""

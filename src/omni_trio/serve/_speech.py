@@ -220,12 +220,8 @@ class SpeechResponse(EndpointResponse):
         except trio.ClosedResourceError:
             raise unavailable("the server is shutting down", "server_shutting_down") from None
         finally:
-            terminal = None if stream is None else stream.terminal
-            reason = "aborted" if terminal is None else (terminal.finish_reason or "aborted")
-            server.finished(reason, terminal, plan.chat_plan, endpoint=self.endpoint)
-        if terminal is None or terminal.finish_reason != "completed":
-            raise self.ended(terminal)
-        self.answered = True  # from here on, a cancellation cuts it short, unsaid
+            self.count_end(stream, plan.chat_plan)
+        self.completed(stream)
         rest = encoder.finish()
         if rest or not self.started:
             await self._send(send, rest)
