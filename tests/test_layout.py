@@ -24,7 +24,7 @@ from processes import worker_processes
 PACKAGE = Path(omni_trio.__file__).parent
 TOOLS = PACKAGE.parents[1] / "tools"
 
-FOUNDATIONS = {"_util", "_checks", "_errors", "_messages", "_graph"}
+FOUNDATIONS = {"_util", "_checks", "_errors", "_messages", "_graph", "_priority"}
 #: omni_trio.testing's simulator (its _scripted stage is a driver's).
 SIMULATION = [
     "_engines", "_faults", "_invariants", "_network", "_scheduler",
@@ -66,7 +66,7 @@ LAYERS = [
     ),
     layer(
         "drivers",
-        {"_outbox", "_stream", "_stage", "_orchestrator", "testing._scripted"}
+        {"_outbox", "_stream", "_stage", "_orchestrator", "_slots", "testing._scripted"}
         | {"compare", "compare.*"},
         {"foundations", "core", "neutral driver"},
     ),

@@ -20,6 +20,8 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from ._pipeline import Pipeline as Pipeline
     from ._pipeline import PipelineStatistics as PipelineStatistics
     from ._pipeline import open_pipeline as open_pipeline
+    from ._slots import PrioritySlots as PrioritySlots
+    from ._slots import SlotsStatistics as SlotsStatistics
     from ._stage import Stage as Stage
     from ._stream import RequestStream as RequestStream
 
@@ -37,6 +39,7 @@ _EXPORTS = {
     ],
     "._orchestrator": ["Orchestrator", "open_orchestrator"],
     "._pipeline": ["Pipeline", "PipelineStatistics", "open_pipeline"],
+    "._slots": ["PrioritySlots", "SlotsStatistics"],
     "._stage": ["Stage"],
     "._stream": ["RequestStream"],
 }

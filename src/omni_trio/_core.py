@@ -139,6 +139,7 @@ class ReqState:
           (kept only when the watchdog is on).
       arrival, submit_times, first_output, finish_times, num_outputs: What becomes the
           terminal's :class:`~omni_trio.RequestMetrics`.
+      priority: Its scheduling priority (lower first), carried by every submit.
     """
 
     request_id: str
@@ -158,6 +159,7 @@ class ReqState:
     first_output: dict[int, float] = attrs.field(factory=dict)
     finish_times: dict[int, float] = attrs.field(factory=dict)
     num_outputs: int = 0
+    priority: int = 0
 
 
 def validate_final_stage_ids(final_stage_ids: Iterable[int], num_stages: int) -> frozenset[int]:
@@ -365,6 +367,7 @@ class OrchestratorCore:
         entry_stage_ids: Iterable[int] | None = None,
         *,
         route: Route | None = None,
+        priority: int = 0,
     ) -> None:
         """Admit a request and issue its first submits.
 
@@ -377,7 +380,8 @@ class OrchestratorCore:
         is submitted once every stage it reads on the route has finished.
 
         A request that needs a dead stage, or whose ``prewarm_fn`` raises, is admitted
-        and ends at once with an ``"error"`` terminal.
+        and ends at once with an ``"error"`` terminal. Every submit carries
+        ``priority`` (checked by the caller, see :func:`omni_trio._priority.check_priority`).
 
         Raises:
           ValueError: ``request_id`` is already in flight (nothing is submitted), or
@@ -388,6 +392,7 @@ class OrchestratorCore:
             route = self.request_route(entry_stage_ids, final_stage_ids)
         self.admitted += 1
         st = ReqState(request_id, next_life(), route, route.finals, route.last_stage, self.now)
+        st.priority = priority
         for sid in route.stages:
             if self.stage_deaths[sid] is not None:
                 self._end(st, self._error(st, sid, self._death_message(sid)))
@@ -600,7 +605,7 @@ class OrchestratorCore:
     def _submit(self, st: ReqState, stage_id: int, stage_input: Any) -> None:
         st.submitted.add(stage_id)
         st.submit_times[stage_id] = self.now
-        request = StageRequest(st.request_id, stage_input, st.seq, st.route)
+        request = StageRequest(st.request_id, stage_input, st.seq, st.route, st.priority)
         self._commands.append(StageSubmit(stage_id, request))
         if self.stage_idle_timeout is not None:
             st.last_heard[stage_id] = self.now

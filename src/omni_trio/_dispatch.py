@@ -30,6 +30,7 @@ from ._inbox import (
     StageDied,
     SubmitFailed,
 )
+from ._priority import check_priority
 from ._sink import OutboxBase, Sink
 from ._util import describe
 
@@ -60,9 +61,10 @@ def death_cause(stage: object) -> str:
 
 
 class Slots(Protocol):
-    """Admission slots (``max_in_flight``): a ``trio.Semaphore`` or an ``asyncio.Semaphore``."""
+    """Admission slots (``max_in_flight``), handed out by priority:
+    :class:`omni_trio.PrioritySlots`, or the asyncio twin's."""
 
-    async def acquire(self) -> Any: ...
+    async def acquire(self, priority: int = 0) -> Any: ...
 
     def release(self) -> None: ...
 
@@ -144,6 +146,7 @@ class Dispatcher:
         sink: Sink | None,
         *,
         entry_stage_ids: Iterable[int] | None = None,
+        priority: int = 0,
         wait_for_drains: Callable[[], Awaitable[None]],
         send: Callable[[AdmitRequest], Awaitable[None]],
     ) -> None:
@@ -152,16 +155,18 @@ class Dispatcher:
         The checks run at once: a duplicate id or a bad route raises
         before anything waits, and the id stays reserved while the caller waits.
         ``wait_for_drains`` returns once no drain is in progress; then a slot is taken
-        (``max_in_flight``). ``send`` puts the admission in the handler's inbox, and
-        that send is the commit point: if anything before it raises or is cancelled,
-        nothing happened (the id and the slot are given back); once it is done, the
-        request is admitted and will get exactly one terminal, even if the
-        orchestrator shuts down before the handler sees it (:meth:`settle`).
+        (``max_in_flight``; waiters go by ``priority``, aged). ``send`` puts the
+        admission in the handler's inbox, and that send is the commit point: if
+        anything before it raises or is cancelled, nothing happened (the id and the
+        slot are given back); once it is done, the request is admitted and will get
+        exactly one terminal, even if the orchestrator shuts down before the handler
+        sees it (:meth:`settle`).
 
         Raises:
           TypeError, ValueError: a bad route (``entry_stage_ids``,
-              ``final_stage_ids``), or ``request_id`` in flight.
+              ``final_stage_ids``), a bad ``priority``, or ``request_id`` in flight.
         """
+        check_priority(priority)
         route = self.core.request_route(entry_stage_ids, final_stage_ids)
         if request_id in self._admitting:
             raise ValueError(f"request id {request_id!r} is already in flight")
@@ -173,11 +178,11 @@ class Dispatcher:
             try:
                 await wait_for_drains()
                 if self._slots is not None:
-                    await self._slots.acquire()  # given back by the handler at the terminal
+                    await self._slots.acquire(priority)  # given back by the handler at the terminal
                     slot = True
             finally:
                 self.admissions_waiting -= 1
-            await send(AdmitRequest(request_id, prompt, route, sink))
+            await send(AdmitRequest(request_id, prompt, route, sink, priority))
         except BaseException:
             self._admitting.discard(request_id)
             if slot:
@@ -293,7 +298,7 @@ class Dispatcher:
     def _admit(self, message: AdmitRequest) -> None:
         rid = message.request_id
         self._admitting.discard(rid)
-        self.core.add_request(rid, message.prompt, route=message.route)
+        self.core.add_request(rid, message.prompt, route=message.route, priority=message.priority)
         self.flow.open(rid, message.route.finals)
         if message.sink is not None:  # before the flush: no output was routed yet
             self.streams[rid] = message.sink

@@ -285,6 +285,7 @@ class OrchestratorBase:
         final_stage_ids: Iterable[int] | None,
         outbox: OutboxBase | None,
         entry_stage_ids: Iterable[int] | None = None,
+        priority: int = 0,
     ) -> None:
         """Admit a request whose outputs go to ``outbox`` (its stream's), or to
         ``next_output()``'s (``None``)."""
@@ -296,6 +297,7 @@ class OrchestratorBase:
             final_stage_ids,
             outbox,
             entry_stage_ids=entry_stage_ids,
+            priority=priority,
             wait_for_drains=self._wait_for_drains,
             send=self._send_admission,
         )

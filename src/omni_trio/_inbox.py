@@ -51,6 +51,7 @@ class AdmitRequest:
     prompt: Any
     route: Route
     sink: Sink | None
+    priority: int = 0
 
 
 @attrs.frozen

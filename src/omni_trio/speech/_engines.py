@@ -24,8 +24,8 @@ from functools import partial
 from typing import Any
 
 import attrs
-import trio
 
+from .._slots import PrioritySlots
 from ..process import ChunkIO, Engine, EngineRequest, Last, run_in_thread
 from ._espeak import ESpeak
 from ._voices import settings_of
@@ -120,11 +120,12 @@ def talker(voice: str = "en", first_phrase_words: int = 4, phrase_words: int = 1
     """
     speech = ESpeak.get()  # loaded once per worker, before its first request
     speech.phonemes("", voice)  # an unknown voice fails the stage's start, not a request
-    limiter = trio.CapacityLimiter(1)
+    turns = PrioritySlots(1)  # one phrase at a time, the most urgent request's first
 
-    async def codes_of(phrase: str, voice: str) -> str:
+    async def codes_of(phrase: str, voice: str, priority: int) -> str:
         call = partial(phrase_codes, speech, phrase, voice)
-        return await run_in_thread(call, limiter=limiter, what="eSpeak NG")
+        async with turns.slot(priority):
+            return await run_in_thread(call, what="eSpeak NG")
 
     def splitter() -> PhraseSplitter:
         return PhraseSplitter(first_phrase_words, phrase_words)
@@ -138,7 +139,7 @@ def talker(voice: str = "en", first_phrase_words: int = 4, phrase_words: int = 1
 
             async def send(done: list[str]) -> None:
                 for phrase in done:
-                    if codes := await codes_of(phrase, said):
+                    if codes := await codes_of(phrase, said, request.priority):
                         await io.send(codes.encode("ascii"))
 
             if io.sources:
@@ -160,7 +161,7 @@ def talker(voice: str = "en", first_phrase_words: int = 4, phrase_words: int = 1
             held: str | None = None  # one phrase behind, to mark the last one
             tokens = request.inputs if text is None else [text]
             for phrase in _phrases(splitter(), tokens):
-                if codes := await codes_of(phrase, said):
+                if codes := await codes_of(phrase, said, request.priority):
                     if held is not None:
                         yield held
                     held = codes
@@ -192,7 +193,7 @@ def code2wav(voice: str = "en", words_per_minute: int = 175) -> Engine:
     speech.synthesize("", voice=voice, words_per_minute=words_per_minute)  # checks the voice
     if speech.sample_rate != SAMPLE_RATE:  # what the configs and the demo's WAV say
         raise RuntimeError(f"eSpeak NG speaks at {speech.sample_rate} Hz, not {SAMPLE_RATE}")
-    limiter = trio.CapacityLimiter(1)
+    turns = PrioritySlots(1)  # one phrase at a time, the most urgent request's first
 
     async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
         asked = settings_of(request.inputs)
@@ -204,7 +205,8 @@ def code2wav(voice: str = "en", words_per_minute: int = 175) -> Engine:
         )
 
         async def speak(codes: str) -> bytes:
-            return await run_in_thread(partial(call, codes), limiter=limiter, what="eSpeak NG")
+            async with turns.slot(request.priority):
+                return await run_in_thread(partial(call, codes), what="eSpeak NG")
 
         if io.connected:
             async for chunk in io:

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._conversation import Turn, Utterance, checked_utterance
+from .._slots import PrioritySlots
 from ..process import ChunkIO, Engine, EngineRequest, Last, run_in_thread
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ def listen(
         "condition_on_previous_text": False,
         "vad_filter": False,
     }
-    limiter = trio.CapacityLimiter(1)
+    turns = PrioritySlots(1)  # one decode at a time, the most urgent request's first
 
     def transcribe(pcm: bytes, sample_rate: int) -> str:
         """In a thread: the words in ``pcm``."""
@@ -136,15 +137,22 @@ def listen(
             samples = np.zeros(len(pcm) // 2 * _WHISPER_RATE // sample_rate, dtype=np.float32)
         return whisper.transcribe(samples, **{**options, **asked})  # type: ignore[no-any-return]
 
-    async def segments(heard: Utterance, asked: Mapping[str, Any]) -> AsyncIterator[Any]:
+    async def segments(
+        heard: Utterance, asked: Mapping[str, Any], priority: int
+    ) -> AsyncIterator[Any]:
         """A transcription request's: each segment as Whisper decodes it, then the
         whole transcript with the audio's language and length."""
         assert heard.audio is not None
         call = partial(begin, heard.audio, heard.sample_rate, asked)
-        found, info = await run_in_thread(call, limiter=limiter, what="Whisper")
+        async with turns.slot(priority):
+            found, info = await run_in_thread(call, what="Whisper")
         texts = []
         decode = partial(next, found, None)
-        while (segment := await run_in_thread(decode, limiter=limiter, what="Whisper")) is not None:
+        while True:
+            async with turns.slot(priority):
+                segment = await run_in_thread(decode, what="Whisper")
+            if segment is None:
+                break
             texts.append(segment.text)
             yield {
                 "id": segment.id,
@@ -165,14 +173,15 @@ def listen(
         heard = checked_utterance(request.inputs)
         asked = _transcription(request.inputs)
         if asked is not None and heard.audio is not None:
-            async for segment in segments(heard, asked):
+            async for segment in segments(heard, asked, request.priority):
                 yield segment
             return
         if heard.audio is None:
             transcript = heard.text or ""
         else:
             call = partial(transcribe, heard.audio, heard.sample_rate)
-            transcript = await run_in_thread(call, limiter=limiter, what="Whisper")
+            async with turns.slot(request.priority):
+                transcript = await run_in_thread(call, what="Whisper")
         if io.connected and io.targets and transcript:
             await io.send(transcript.encode("utf-8"))
         yield Last(transcript)

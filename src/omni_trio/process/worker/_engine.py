@@ -44,11 +44,15 @@ class EngineRequest:
           In async_chunk mode an entry's chunk stream (``async for chunk in io``)
           is empty.
       stage_id: The stage this engine serves.
+      priority: The request's priority (lower first, see
+          :attr:`omni_trio.StageRequest.priority`): what an engine's own queue --
+          its slots, say, with :class:`omni_trio.PrioritySlots` -- orders by.
     """
 
     request_id: str
     inputs: Any
     stage_id: int
+    priority: int = 0
 
 
 @attrs.frozen

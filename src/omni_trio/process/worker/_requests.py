@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from ..._priority import WaitList
 from . import _wire as wire
 from ._engine import ChunkLostError
 from ._framing import FrameWriter
@@ -46,26 +47,39 @@ class Gate:
     its generator is resumed, and when a chunk is handed to it -- and leaves when it
     yields its output or waits for a chunk. Engines pass while the queued bytes plus
     an output's worth for each engine past the gate fit under the connection's high
-    water; the others wait, first come first served.
+    water; the others wait by their request's priority, aged
+    (:class:`~omni_trio._priority.WaitList`), first come first served on a tie.
     """
 
-    __slots__ = ("_control", "_estimate", "_lot", "inside")
+    __slots__ = ("_control", "_estimate", "_waiting", "inside")
 
     def __init__(self, control: FrameWriter) -> None:
         self._control = control
-        self._lot = trio.lowlevel.ParkingLot()
+        self._waiting: WaitList[trio.Event] = WaitList()
         self._estimate = 0  # bytes: the largest recent output frame, decaying
         self.inside = 0
         control.on_written = self._admit
 
+    @property
+    def waiting(self) -> int:
+        """Engines waiting to pass."""
+        return len(self._waiting)
+
     def _fits(self) -> bool:
         return self._control.queued + self.inside * self._estimate <= self._control.high_water
 
-    async def enter(self) -> None:
-        if not self._lot and self._fits():
+    async def enter(self, priority: int = 0) -> None:
+        if not self._waiting and self._fits():
             self.inside += 1
             return
-        await self._lot.park()  # whoever unparks us counts us in
+        passed = trio.Event()
+        waiter = self._waiting.push(passed, priority, trio.current_time())
+        try:
+            await passed.wait()  # whoever sets it counts us in
+        except BaseException:
+            if not self._waiting.remove(waiter):  # let in meanwhile: leave again
+                self.leave()
+            raise
 
     def leave(self, output_bytes: int = 0) -> None:
         """Leave the gate, having made an output of ``output_bytes`` (0: none)."""
@@ -75,8 +89,8 @@ class Gate:
         self._admit()
 
     def _admit(self) -> None:
-        while self._lot and self._fits():
-            self._lot.unpark()
+        while self._waiting and self._fits():
+            self._waiting.pop().item.set()
             self.inside += 1
 
 
@@ -381,7 +395,7 @@ class RequestIO:
         request = self._request
         if not request.inside:
             try:
-                await self._worker.gate.enter()
+                await self._worker.gate.enter(request.priority)
             except BaseException:  # cancelled: nobody reads it, give it back
                 if link is not None and isinstance(notice, wire.Chunk) and not notice.eos:
                     self._ack(link, notice)

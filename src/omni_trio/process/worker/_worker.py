@@ -443,7 +443,10 @@ class Worker:
         try:
             with request.scope:
                 try:
-                    stream = self.engine(EngineRequest(request_id, inputs, self.init.stage_id), io)
+                    stream = self.engine(
+                        EngineRequest(request_id, inputs, self.init.stage_id, request.priority),
+                        io,
+                    )
                     last = None  # the data of the completion: a bare one unless marked
                     meta = None  # and what the engine said about it
                     async with aclosing(stream):  # type: ignore[type-var]
@@ -451,7 +454,7 @@ class Worker:
                             # The engine makes its next output once the connection
                             # has room for it: a backlog holds engines back, not
                             # their outputs (see _requests.Gate).
-                            await self.gate.enter()
+                            await self.gate.enter(request.priority)
                             request.inside = True
                             try:
                                 data = await stream.__anext__()
