@@ -82,7 +82,8 @@ async def test_an_answer_streams_and_ends_with_the_models_usage():
     assert usage["prompt_tokens"] > 6  # the question's words, and the system prompt's
     assert len(texts) <= usage["completion_tokens"] <= SETTINGS["max_tokens"]
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
-    assert set(meta["timings"]) == {"prompt_ms", "predicted_ms"}
+    assert set(meta["timings"]) == {"prompt_ms", "predicted_ms", "queued_ms"}
+    assert meta["timings"]["queued_ms"] >= 0
 
 
 async def test_a_requests_sampling_and_conversation_are_the_models():

@@ -87,6 +87,7 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         new_request_id: Callable[[], str],
     ) -> None:
         self._stages = tuple(stages)
+        self._priority_aging_s = priority_aging_s
         self._new_request_id = new_request_id
         self._shutdown_grace = shutdown_grace
         self._closed = False  # no more admissions (set when the block exits)
@@ -117,6 +118,12 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         self._command_channels[command.stage_id][0].send_nowait(command)
 
     # -- public API ------------------------------------------------------------------
+
+    @property
+    def priority_aging_s(self) -> float | None:
+        """How waiting for a ``max_in_flight`` slot ages a request's priority: one
+        step per this many seconds (``None``: no aging)."""
+        return self._priority_aging_s
 
     async def add_request(
         self,

@@ -64,6 +64,8 @@ class Plan:
     include_usage: bool
     audio_format: str
     token_limit: int | None
+    #: What the request asked (``None``: the endpoint's default).
+    priority: int | None = None
 
     @classmethod
     def of(
@@ -102,6 +104,7 @@ class Plan:
             and request.stream_options.include_usage,
             audio_format="wav" if audio is None else audio.format,
             token_limit=request.token_limit,
+            priority=request.priority,
         )
 
     @property

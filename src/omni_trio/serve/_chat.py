@@ -56,7 +56,7 @@ class ChatResponse(EndpointResponse):
     endpoint = "chat"
 
     def __init__(self, server: ServerState, plan: Plan) -> None:
-        super().__init__(server)
+        super().__init__(server, plan.priority)
         self._plan = plan
         counters = server.metrics.stage_outputs
         self._answer = Answer(
@@ -80,7 +80,7 @@ class ChatResponse(EndpointResponse):
         stream = None
         try:
             async with orchestrator.open_request(
-                plan.prompt, final_stage_ids=plan.stage_ids
+                plan.prompt, final_stage_ids=plan.stage_ids, priority=ticket.priority
             ) as stream:
                 ticket.admitted()
                 if plan.stream:
@@ -93,6 +93,7 @@ class ChatResponse(EndpointResponse):
                     batch = await stream.receive_batch()
                     if on_outputs is not None:
                         on_outputs(batch)
+                    self.server.stage_waits(batch, ticket.priority)
                     for part in _parts(batch):  # a backlog goes out a bounded part at a time
                         try:
                             events = answer.take(part)

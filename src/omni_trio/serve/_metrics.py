@@ -53,7 +53,9 @@ class ServerMetrics:
     ``omni_trio:realtime_sessions``, the histogram
     ``omni_trio:realtime_first_audio_seconds``, and the counters
     ``omni_trio:realtime_sessions_refused_total{reason}`` and
-    ``omni_trio:realtime_responses_total{status,reason}``; and, read from the orchestrator's
+    ``omni_trio:realtime_responses_total{status,reason}``; the histogram
+    ``omni_trio:queue_wait_seconds{stage,priority}`` and the counter
+    ``omni_trio:requests_shed_total``; and, read from the orchestrator's
     statistics at each scrape, ``omni_trio:stage_alive{stage}`` and
     ``omni_trio:dropped_outputs_total``. Every one has the label ``model_name``.
 
@@ -157,6 +159,21 @@ class ServerMetrics:
             "(response.created: the turn is over, or the client asked) to its first "
             "audio written.",
         )
+        self._queue_wait = Histogram(
+            "omni_trio:queue_wait_seconds",
+            "Seconds a request waited in a queue before it ran there, by queue (stage: "
+            "admission, the server's wait for a max_in_flight slot; or a stage's name, "
+            "as the stage reports it) and by the request's priority.",
+            [*labels, "stage", "priority"],
+            registry=self.registry,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.shed = Counter(
+            "omni_trio:requests_shed",
+            "Waiting requests shed (503) for more urgent ones, at capacity.",
+            labels,
+            registry=self.registry,
+        ).labels(name)
         self._name = name
         self._statistics = _StatisticsCollector(name)
         self._statistics.server = server
@@ -164,6 +181,10 @@ class ServerMetrics:
 
     def finished(self, reason: str, endpoint: str) -> None:
         self._finished[endpoint, reason].inc()
+
+    def queue_wait(self, stage: str, priority: int, seconds: float) -> None:
+        """A request of ``priority`` waited ``seconds`` in ``stage``'s queue."""
+        self._queue_wait.labels(self._name, stage, str(priority)).observe(seconds)
 
     def realtime_response(self, status: str, reason: str | None) -> None:
         """A realtime response ended as ``status`` (cancelled: for ``reason``)."""

@@ -21,6 +21,8 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
+from .._priority import PRIORITY_MAX, PRIORITY_MIN
+
 __all__ = [
     "AudioDelta",
     "AudioParams",
@@ -106,6 +108,10 @@ class ErrorResponse(msgspec.Struct):
 
 
 # -- requests -------------------------------------------------------------------------
+
+
+#: A request's ``priority`` field: an integer from ``PRIORITY_MIN`` to ``PRIORITY_MAX``.
+Priority = Annotated[int, msgspec.Meta(ge=PRIORITY_MIN, le=PRIORITY_MAX)]
 
 
 class TextPart(msgspec.Struct, tag_field="type", tag="text"):
@@ -218,6 +224,8 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
     seed: Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)] | None = None
     stop: str | Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]], _STOPS] | None = None
+    #: Lower runs earlier (vLLM's extension); ``None``: the endpoint's default.
+    priority: Priority | None = None
 
     @property
     def token_limit(self) -> int | None:

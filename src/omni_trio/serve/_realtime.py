@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from .._checks import check_positive_int, check_seconds
+from .._priority import check_priority
 from ._protocol import OpenAIError, encode
 from ._realtime_protocol import RealtimeError
 from ._realtime_session import Session
@@ -60,6 +61,11 @@ def _positive_int(name: str) -> Callable[[Any, Any, Any], None]:
     return check
 
 
+def _priority(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None:
+        check_priority(value, attribute.name)
+
+
 @attrs.frozen
 class RealtimeOptions:
     """The limits and behaviour of ``/v1/realtime`` (``omni-trio serve
@@ -83,6 +89,10 @@ class RealtimeOptions:
           one event makes is queued at once: at most this plus one event's worth).
           A speculation holds at most this much of its events, too, until its turn
           ends.
+      priority: Its responses' priority (lower runs earlier) at every queue of
+          their route; ``None``: the endpoint's default (the config's
+          ``[serve.priority] realtime``, else -10: ahead of chat's 0). A response
+          is never shed for a more urgent request once its turn began.
       detector: Makes each session's voice activity detector from its turn
           detection's settings, as ``detector(vad_options)``: anything with
           ``feed(pcm) -> events`` and ``reset()``, as
@@ -116,6 +126,7 @@ class RealtimeOptions:
         default=150, validator=_positive_int("speculate_after_ms")
     )
     outbox_bytes: int = attrs.field(default=1024 * 1024, validator=_positive_int("outbox_bytes"))
+    priority: int | None = attrs.field(default=None, validator=_priority)
     detector: Callable[[VadOptions], Detector] | None = None
     trace: Callable[[str, str, str], None] | None = None
 

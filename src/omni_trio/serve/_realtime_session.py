@@ -117,6 +117,7 @@ class Session:
         self._server = server
         self._send = send
         self._options = options
+        self._priority = server.priority_of("realtime", options.priority)
         self.id = f"sess_{secrets.token_hex(8)}"
         self._state = SessionState(self.id, server.model, options)
         self._outbox = _Outbox(options.outbox_bytes, server.metrics.realtime_first_audio.observe)
@@ -250,7 +251,7 @@ class Session:
         status: Status = "failed"
         details: dict[str, Any] | None = None
         try:
-            ticket = server.enter()
+            ticket = server.enter(self._priority, sheddable=False)
         except OpenAIError as exc:
             status, details = "failed", failed(exc.message)
             ticket = None
@@ -278,7 +279,9 @@ class Session:
         stage_ids = set(events.stage_ids)
         stream = None
         try:
-            async with orchestrator.open_request(prompt, final_stage_ids=stage_ids) as stream:
+            async with orchestrator.open_request(
+                prompt, final_stage_ids=stage_ids, priority=ticket.priority
+            ) as stream:
                 ticket.admitted()
                 while stream.terminal is None:
                     batch = await stream.receive_batch()

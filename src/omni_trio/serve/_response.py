@@ -67,8 +67,10 @@ class EndpointResponse:
     #: The ``endpoint`` label of the server's metrics.
     endpoint = ""
 
-    def __init__(self, server: ServerState) -> None:
+    def __init__(self, server: ServerState, priority: int | None = None) -> None:
         self.server = server
+        #: Its request's priority: what it asked, else the endpoint's default.
+        self.priority = server.priority_of(self.endpoint, priority)
         #: The response's head went out.
         self.started = False
         #: The request's outcome is known and being sent: a cancellation from here
@@ -78,7 +80,7 @@ class EndpointResponse:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            ticket = self.server.enter()
+            ticket = self.server.enter(self.priority)
         except OpenAIError as exc:
             await send_json(send, exc.status, exc.body(), exc.headers)
             return
@@ -96,6 +98,12 @@ class EndpointResponse:
             if ticket.stopped and not self.answered and not self._disconnected:
                 ended = unavailable(
                     "the server shut down before the request finished", "server_shutting_down"
+                )
+            elif ticket.shed and not ticket.running and not self._disconnected:
+                ended = unavailable(
+                    f"the server is at capacity, and this request (priority "
+                    f"{self.priority}) gave its place to a more urgent one",
+                    "server_overloaded",
                 )
         if ended is not None and not self._disconnected:
             with trio.move_on_after(_LAST_WORDS):

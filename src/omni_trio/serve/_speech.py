@@ -27,7 +27,7 @@ import trio
 from ..speech._voices import MAX_SPEED, MIN_SPEED, VOICES, say
 from ._answer import Plan
 from ._audio_out import AUDIO_FORMATS, MEDIA_TYPES, AudioEncoder
-from ._protocol import OpenAIError, decode_body, encode, unavailable
+from ._protocol import OpenAIError, Priority, decode_body, encode, unavailable
 from ._response import SSE_HEADERS, EndpointResponse
 
 if TYPE_CHECKING:
@@ -66,6 +66,8 @@ class SpeechRequest(msgspec.Struct, kw_only=True):
     response_format: str = "mp3"
     speed: Annotated[float, msgspec.Meta(ge=MIN_SPEED, le=MAX_SPEED)] = 1.0
     stream_format: str = "audio"
+    #: Lower runs earlier (as chat completions'); ``None``: the endpoint's default.
+    priority: Priority | None = None
 
 
 _decoder = msgspec.json.Decoder(SpeechRequest)
@@ -80,6 +82,7 @@ class SpeechPlan:
     format: str
     sse: bool
     words: int  # the input's: its usage's input tokens
+    priority: int | None = None
 
     @property
     def chat_plan(self) -> Plan:
@@ -163,6 +166,7 @@ def plan_speech(body: bytes, model: ServedModel) -> SpeechPlan:
         format=request.response_format,
         sse=request.stream_format == "sse",
         words=len(text.split()),
+        priority=request.priority,
     )
 
 
@@ -186,7 +190,7 @@ class SpeechResponse(EndpointResponse):
     endpoint = "speech"
 
     def __init__(self, server: ServerState, plan: SpeechPlan) -> None:
-        super().__init__(server)
+        super().__init__(server, plan.priority)
         self._plan = plan
         self._outputs = 0
 
@@ -202,7 +206,10 @@ class SpeechResponse(EndpointResponse):
         stream = None
         try:
             async with orchestrator.open_request(
-                plan.prompt, entry_stage_ids={route.entry}, final_stage_ids={stage}
+                plan.prompt,
+                entry_stage_ids={route.entry},
+                final_stage_ids={stage},
+                priority=ticket.priority,
             ) as stream:
                 ticket.admitted()
                 while stream.terminal is None:

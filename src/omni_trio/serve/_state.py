@@ -13,6 +13,7 @@ import attrs
 import trio
 from trio_util import AsyncValue
 
+from .._priority import DEFAULT_AGING_S, rank
 from ._metrics import ServerMetrics
 from ._protocol import unavailable
 
@@ -23,7 +24,11 @@ if TYPE_CHECKING:
     from ._model import ServedModel
     from ._realtime import RealtimeEndpoint
 
-__all__ = ["OutputsHook", "ServerState", "ServerStatistics", "Ticket"]
+__all__ = ["DEFAULT_PRIORITIES", "OutputsHook", "ServerState", "ServerStatistics", "Ticket"]
+
+#: Each endpoint's priority where neither the request nor the config says (lower
+#: runs earlier): a spoken turn goes ahead of chat and batch work.
+DEFAULT_PRIORITIES = {"chat": 0, "speech": 0, "transcription": 0, "realtime": -10}
 
 OutputsHook = Callable[[list["OrchOutput"]], None]
 """``on_outputs(batch)``: a request's outputs, one batch as its response takes it."""
@@ -60,11 +65,15 @@ class ServerState:
           get 503.
       on_outputs: :func:`create_app`'s hook, called with each batch of a request's
           outputs as its response takes it.
+      priorities: Each endpoint's priority where a request gives none.
+      shed: Waiting requests shed for more urgent ones, so far.
     """
 
     model: ServedModel
     max_waiting: int
     on_outputs: OutputsHook | None = None
+    priorities: dict[str, int] = attrs.field(factory=lambda: dict(DEFAULT_PRIORITIES))
+    shed: int = 0
     metrics: ServerMetrics = attrs.field(init=False)
     orchestrator: Orchestrator | None = None
     draining: bool = False
@@ -112,12 +121,23 @@ class ServerState:
             tickets=len(self.tickets),
         )
 
-    def enter(self) -> Ticket:
-        """Take a place for a new chat request, waiting or running.
+    def priority_of(self, endpoint: str, asked: int | None = None) -> int:
+        """A request's priority: what it ``asked``, else its endpoint's default."""
+        return self.priorities[endpoint] if asked is None else asked
+
+    def enter(self, priority: int = 0, *, sheddable: bool = True) -> Ticket:
+        """Take a place for a new request of ``priority``, waiting or running.
+
+        When ``max_in_flight`` requests run and ``max_waiting`` more wait, the one
+        of them that would be let in last -- by priority, aged as the
+        orchestrator's admission ages it -- is shed (its client gets 503 with
+        ``Retry-After``) if the new request would go before it; otherwise the new
+        one gets the 503. A request that is not ``sheddable`` (a realtime
+        session's response: never shed mid-turn) is never chosen.
 
         Raises:
-          OpenAIError: 503 while starting or draining, or when ``max_in_flight``
-              requests run and ``max_waiting`` more wait.
+          OpenAIError: 503 while starting or draining, or when the server is full
+              of requests that go before this one.
         """
         if self.draining:
             raise unavailable(
@@ -126,14 +146,45 @@ class ServerState:
         if self.orchestrator is None:
             raise unavailable("the server is not ready")
         limit = self.orchestrator.max_in_flight
+        ticket = Ticket(self, priority=priority, sheddable=sheddable)
+        ticket.rank = rank(priority, trio.current_time(), self.aging_s)
         if limit is not None and self.active.value >= limit + self.max_waiting:
-            raise unavailable(
-                f"the server is at capacity: {self.running} requests running "
-                f"(max_in_flight={limit}) and {self.waiting} waiting "
-                f"(max_waiting={self.max_waiting})",
-                "server_overloaded",
-            )
-        return Ticket(self)
+            waiting = [t for t in self.tickets if t.sheddable and not t.running and not t.shed]
+            last = max(waiting, key=lambda t: t.rank, default=None)
+            if last is None or not ticket.rank < last.rank:
+                raise unavailable(
+                    f"the server is at capacity: {self.running} requests running "
+                    f"(max_in_flight={limit}) and {self.waiting} waiting "
+                    f"(max_waiting={self.max_waiting}), none of them after a request "
+                    f"of priority {priority}",
+                    "server_overloaded",
+                )
+            last.shed = True  # its response says so, with a 503
+            self.shed += 1
+            self.metrics.shed.inc()
+            if last.cancel_scope is not None:
+                last.cancel_scope.cancel()
+        return ticket
+
+    @property
+    def aging_s(self) -> float | None:
+        """How the orchestrator's admission ages a waiting request's priority."""
+        orchestrator = self.orchestrator
+        return DEFAULT_AGING_S if orchestrator is None else orchestrator.priority_aging_s
+
+    def stage_waits(self, batch: list[OrchOutput], priority: int) -> None:
+        """Put what the final stages in ``batch`` say they waited for a slot (a
+        language model's ``meta["timings"]["queued_ms"]``) in the metrics."""
+        for out in batch:
+            meta = out.meta
+            if meta is None:
+                continue
+            timings = meta.get("timings")
+            queued = timings.get("queued_ms") if isinstance(timings, dict) else None
+            if isinstance(queued, int | float):
+                labels = {o.stage_id: o.label for o in self.model.outputs}
+                label = labels.get(out.stage_id, f"stage{out.stage_id}")
+                self.metrics.queue_wait(label, priority, queued / 1e3)
 
     def finished(
         self, reason: str, terminal: OrchOutput | None, plan: Plan, *, endpoint: str
@@ -174,15 +225,27 @@ class Ticket:
     running: bool = False
     #: The server ended it (a drain's grace ran out): its client is told so.
     stopped: bool = False
+    #: Its request's priority, and its place among those waiting (aged).
+    priority: int = 0
+    rank: float = 0.0
+    #: Whether an overload may shed it while it waits; and whether one did.
+    sheddable: bool = True
+    shed: bool = False
+    #: When it entered: its wait for a slot is measured from here.
+    entered: float = attrs.field(factory=trio.current_time)
 
     def __enter__(self) -> Ticket:
         self.server.active.value += 1
         self.server.tickets.add(self)
         return self
 
-    def admitted(self) -> None:
-        self.server.running += 1
+    def admitted(self, stage: str = "admission") -> None:
+        """Its request is admitted: its wait for a slot goes to the metrics."""
+        server = self.server
+        server.running += 1
         self.running = True
+        waited = trio.current_time() - self.entered
+        server.metrics.queue_wait(stage, self.priority, waited)
 
     def __exit__(
         self,

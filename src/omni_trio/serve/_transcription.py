@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 
+from .._priority import PRIORITY_MAX, PRIORITY_MIN, check_priority
 from ._audio_in import HEARD_RATE, NotAudioError, decode_audio
 from ._protocol import OpenAIError, encode, unavailable
 from ._response import SSE_HEADERS, EndpointResponse, send_json
@@ -57,6 +58,7 @@ class TranscriptionPlan:
     settings: dict[str, Any]  # language, prompt, temperature: as given
     format: str
     stream: bool
+    priority: int | None = None
 
     @property
     def chat_plan(self) -> Plan:
@@ -142,10 +144,24 @@ async def plan_transcription(
         stream = fields.get("stream", "false").lower()
         if stream not in ("true", "false"):
             raise OpenAIError(400, f"stream: true or false, not {stream!r}", param="stream")
+        asked = fields.get("priority")
+        priority = None if asked is None else _priority(asked)
         data = await upload.read()
     finally:
         await form.close()
-    return TranscriptionPlan(data, hearing, settings, format, stream == "true")
+    return TranscriptionPlan(data, hearing, settings, format, stream == "true", priority)
+
+
+def _priority(text: str) -> int:
+    try:
+        return check_priority(int(text.strip()))
+    except ValueError:
+        raise OpenAIError(
+            400,
+            f"priority: an integer from {PRIORITY_MIN} to {PRIORITY_MAX} (lower runs "
+            f"earlier), not {text!r}",
+            param="priority",
+        ) from None
 
 
 def _number(text: str, param: str, low: float, high: float) -> float:
@@ -195,7 +211,7 @@ class TranscriptionResponse(EndpointResponse):
     endpoint = "transcription"
 
     def __init__(self, server: ServerState, plan: TranscriptionPlan, max_seconds: float) -> None:
-        super().__init__(server)
+        super().__init__(server, plan.priority)
         self._plan = plan
         self._max_seconds = max_seconds
 
@@ -217,7 +233,7 @@ class TranscriptionResponse(EndpointResponse):
         stream = None
         try:
             async with orchestrator.open_request(
-                prompt, entry_stage_ids={stage}, final_stage_ids={stage}
+                prompt, entry_stage_ids={stage}, final_stage_ids={stage}, priority=ticket.priority
             ) as stream:
                 ticket.admitted()
                 while stream.terminal is None:

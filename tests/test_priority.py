@@ -1,0 +1,299 @@
+"""Priority: the sans-IO waiting list and slot table (no event loop), and
+:class:`omni_trio.PrioritySlots` and the orchestrator's admission on Trio."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
+
+from omni_trio import PrioritySlots, StageOutput, StageRequest, open_orchestrator
+from omni_trio._priority import (
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    SlotTable,
+    WaitList,
+    check_aging,
+    check_priority,
+    rank,
+)
+
+# -- the sans-IO parts -------------------------------------------------------------------
+
+
+def test_a_waiting_list_serves_the_lowest_priority_first_and_in_order_on_a_tie() -> None:
+    waiting: WaitList[str] = WaitList(aging_s=None)
+    for name, priority in [("a", 0), ("b", 5), ("c", -3), ("d", 0), ("e", -3)]:
+        waiting.push(name, priority, now=0.0)
+    assert [waiting.pop().item for _ in range(5)] == ["c", "e", "a", "d", "b"]
+    assert len(waiting) == 0
+    with pytest.raises(IndexError):
+        waiting.pop()
+
+
+def test_aging_lets_a_long_waiter_go_ahead_of_a_more_urgent_newcomer() -> None:
+    waiting: WaitList[str] = WaitList(aging_s=1.0)
+    waiting.push("old batch", 5, now=0.0)
+    waiting.push("new, urgent but not by enough", 1, now=4.5)  # 5 + 0 < 1 + 4.5
+    waiting.push("new and urgent enough", 0, now=4.5)  # 0 + 4.5 < 5
+    assert [waiting.pop().item for _ in range(3)] == [
+        "new and urgent enough",
+        "old batch",
+        "new, urgent but not by enough",
+    ]
+
+
+def test_a_removed_waiter_is_skipped_and_the_last_is_what_an_overload_sheds() -> None:
+    waiting: WaitList[str] = WaitList()
+    a = waiting.push("a", 0, 0.0)
+    b = waiting.push("b", 3, 0.0)
+    waiting.push("c", 1, 0.0)
+    last = waiting.last()
+    assert last is not None
+    assert last.item == "b"
+    assert waiting.remove(a)
+    assert not waiting.remove(a)
+    assert len(waiting) == 2
+    assert waiting.pop().item == "c"
+    assert waiting.remove(b)
+    assert waiting.peek() is None
+    assert waiting.last() is None
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(-5, 5), st.floats(0, 100, allow_nan=False)),
+        min_size=1,
+        max_size=30,
+    ),
+    st.floats(0.1, 10),
+)
+def test_the_order_is_the_aged_priority_at_any_time_after_every_arrival(
+    arrivals: list[tuple[int, float]], aging_s: float
+) -> None:
+    """The rank fixed at arrival orders the waiters as their priority less their
+    wait over ``aging_s`` does, at any later time."""
+    waiting: WaitList[int] = WaitList(aging_s)
+    for index, (priority, at) in enumerate(arrivals):
+        waiting.push(index, priority, at)
+    later = max(at for _, at in arrivals) + 1.0
+    served = [waiting.pop().item for _ in arrivals]
+
+    def aged(index: int) -> float:
+        priority, at = arrivals[index]
+        return priority - (later - at) / aging_s
+
+    for first, second in itertools.pairwise(served):
+        assert aged(first) <= aged(second) + 1e-6
+
+
+def test_a_slot_table_keeps_its_reserved_slots_for_urgent_requests() -> None:
+    table: SlotTable[str] = SlotTable(3, reserved=1, reserved_for=-1)
+    assert table.take(0)
+    assert table.take(0)
+    assert not table.take(0)  # the last one is kept
+    table.wait("batch", 0, now=0.0)
+    assert table.take(-1)  # an urgent request finds it free
+    assert table.in_use == 3
+    assert table.give_back() == []  # only the reserved one is free
+    assert not table.take(0)
+    assert [w.item for w in table.give_back()] == ["batch"]
+    assert table.in_use == 2
+
+
+def test_a_freed_slot_goes_to_the_best_waiter_that_may_use_it() -> None:
+    table: SlotTable[str] = SlotTable(2, reserved=1)
+    assert table.take(0)
+    assert table.take(-1)
+    table.wait("batch", 0, now=0.0)
+    table.wait("voice", -2, now=1.0)
+    # the urgent one first: its rank (-2 + 1) beats the batch's (0 + 0)
+    assert [w.item for w in table.give_back()] == ["voice"]
+    # only the reserved slot would be free: the batch request may not take it
+    assert table.give_back() == []
+    assert table.in_use == 1
+    assert [w.item for w in table.give_back()] == ["batch"]
+
+
+def test_a_cancelled_waiter_says_whether_it_was_handed_a_slot() -> None:
+    table: SlotTable[str] = SlotTable(1)
+    assert table.take(0)
+    first = table.wait("first", 0, 0.0)
+    second = table.wait("second", 0, 0.0)
+    assert table.cancel(second)  # still waiting: removed
+    assert [w.item for w in table.give_back()] == ["first"]
+    assert not table.cancel(first)  # it holds the slot: give it back
+    assert table.waiting == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        (1.5, "got 1.5"),
+        ("1", "got '1'"),
+        (True, "got True"),
+        (PRIORITY_MIN - 1, f"from {PRIORITY_MIN} to {PRIORITY_MAX}"),
+        (PRIORITY_MAX + 1, "got 1001"),
+    ],
+)
+def test_a_bad_priority_is_a_value_error_naming_it(value: object, fragment: str) -> None:
+    with pytest.raises(ValueError, match="priority must be an integer") as caught:
+        check_priority(value)
+    assert fragment in str(caught.value)
+
+
+@pytest.mark.parametrize("value", [0, -1.0, math.inf, math.nan, "1", True])
+def test_a_bad_aging_period_is_a_value_error_naming_it(value: object) -> None:
+    with pytest.raises(ValueError, match="priority_aging_s must be a positive number"):
+        check_aging(value)
+
+
+def test_a_bad_slot_count_or_reservation_names_it() -> None:
+    with pytest.raises(ValueError, match="slots must be a positive integer, got 0"):
+        SlotTable(0)
+    with pytest.raises(ValueError, match="reserved slots must be an integer from 0 to 1"):
+        SlotTable(2, reserved=2)
+    with pytest.raises(ValueError, match="reserved_for must be an integer"):
+        SlotTable(2, reserved=1, reserved_for=0.5)  # type: ignore[arg-type]
+
+
+def test_without_aging_the_rank_is_the_priority() -> None:
+    assert rank(3, 1e9, None) == 3.0
+    assert rank(3, 10.0, 2.0) == 8.0
+
+
+# -- PrioritySlots, on Trio --------------------------------------------------------------
+
+
+async def _take_in_order(slots: PrioritySlots, asks: list[tuple[str, int]]) -> list[str]:
+    order: list[str] = []
+
+    async def ask(name: str, priority: int) -> None:
+        async with slots.slot(priority):
+            order.append(name)
+            await trio.sleep(1)
+
+    async with trio.open_nursery() as nursery:
+        for name, priority in asks:
+            nursery.start_soon(ask, name, priority)
+            await trio.sleep(0.001)  # they arrive in this order
+    return order
+
+
+async def test_priority_slots_hand_a_freed_slot_to_the_most_urgent_waiter(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    slots = PrioritySlots(1, aging_s=None)
+    order = await _take_in_order(slots, [("first", 0), ("low", 5), ("high", -5), ("mid", 0)])
+    assert order == ["first", "high", "mid", "low"]
+
+
+async def test_priority_slots_age_a_waiter_past_newcomers(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """One slot, held 1 s at a time, and a request of priority 0 arriving every
+    second: one of priority 3 is overtaken only by those that arrive within 3 s
+    of it (3 steps times ``aging_s``), then served."""
+    slots = PrioritySlots(1, aging_s=1.0)
+    served: list[tuple[str, float]] = []
+
+    async def ask(name: str, priority: int) -> None:
+        async with slots.slot(priority):
+            served.append((name, trio.current_time()))
+            await trio.sleep(1)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ask, "urgent 0", 0)
+        await trio.sleep(0.001)
+        nursery.start_soon(ask, "batch", 3)
+        await trio.sleep(0.499)
+        for index in range(1, 8):
+            nursery.start_soon(ask, f"urgent {index}", 0)  # at index - 0.5 s
+            await trio.sleep(1)
+    names = [name for name, _ in served]
+    assert names[:5] == ["urgent 0", "urgent 1", "urgent 2", "urgent 3", "batch"]
+    assert served[4][1] == 4.0
+
+
+async def test_priority_slots_reserved_for_urgent_requests_admit_one_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    slots = PrioritySlots(4, reserved=1)
+    started: dict[str, float] = {}
+
+    async def ask(name: str, priority: int) -> None:
+        async with slots.slot(priority) as waited:
+            started[name] = waited
+            await trio.sleep(10)
+
+    async with trio.open_nursery() as nursery:
+        for index in range(8):
+            nursery.start_soon(ask, f"batch {index}", 0)
+        await trio.sleep(1)
+        stats = slots.statistics()
+        assert (stats.in_use, stats.waiting, stats.waiting_by_priority) == (3, 5, {0: 5})
+        nursery.start_soon(ask, "voice", -10)
+        await trio.sleep(0.5)
+        assert started["voice"] == 0.0  # it found the reserved slot free
+    assert slots.statistics().in_use == 0
+
+
+async def test_a_task_cancelled_while_it_waits_holds_no_slot(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    slots = PrioritySlots(1)
+    async with slots.slot():
+        with trio.move_on_after(1):
+            await slots.acquire(-5)
+        assert slots.statistics().waiting == 0
+    assert slots.available(0)
+    with pytest.raises(ValueError, match="priority must be an integer"):
+        await slots.acquire(0.5)  # type: ignore[arg-type]
+
+
+# -- the orchestrator's admission --------------------------------------------------------
+
+
+class _Holding:
+    """A stage that finishes a request when told to."""
+
+    def __init__(self) -> None:
+        self.send, self.outputs = trio.open_memory_channel[StageOutput](100)
+        self.submitted: list[tuple[str, int]] = []
+
+    async def submit(self, request: StageRequest) -> None:
+        self.submitted.append((request.request_id, request.priority))
+
+    async def abort(self, request_id: str) -> None:
+        pass
+
+    def finish(self, request_id: str) -> None:
+        self.send.send_nowait(StageOutput(request_id, "done", finished=True))
+
+
+async def test_admission_lets_the_most_urgent_waiter_in_first_and_every_submit_carries_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    stage = _Holding()
+    async with open_orchestrator([stage], {0}, prewarm_fn=lambda k, p: p, max_in_flight=1) as orch:
+        async with trio.open_nursery() as nursery:
+            for request_id, priority in [("running", 0), ("batch", 5), ("chat", 0), ("voice", -10)]:
+
+                async def add(request_id: str = request_id, priority: int = priority) -> None:
+                    await orch.add_request(request_id, "hi", priority=priority)
+
+                nursery.start_soon(add)
+                await trio.sleep(0.01)
+            assert orch.statistics().admissions_waiting == 3
+            for _ in range(4):
+                await trio.sleep(0.01)
+                stage.finish(stage.submitted[-1][0])
+                await orch.next_output()
+        assert stage.submitted == [("running", 0), ("voice", -10), ("chat", 0), ("batch", 5)]
+        with pytest.raises(ValueError, match="priority must be an integer"):
+            await orch.add_request("bad", "hi", priority=2000)
