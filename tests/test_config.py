@@ -192,6 +192,7 @@ def test_orchestrator_options_in_the_pipeline_table():
     assert defaults == {
         "stage_idle_timeout": None,
         "max_in_flight": None,
+        "priority_aging_s": 1.0,
         "shutdown_grace": 5.0,
         "max_unread_bytes": 4 * 1024 * 1024,
         "max_unread_outputs": 1024,
@@ -203,13 +204,14 @@ def test_orchestrator_options_in_the_pipeline_table():
     text = GOOD.replace(
         'name = "tiny"',
         'name = "tiny"\nstage_idle_timeout = 2\nmax_in_flight = 4\nshutdown_grace = 0\n'
-        "max_unread_bytes = 1000\nmax_unread_outputs = 10\nconsumer_idle_timeout = 0\n"
+        "priority_aging_s = 0.5\nmax_unread_bytes = 1000\nmax_unread_outputs = 10\nconsumer_idle_timeout = 0\n"
         "max_forward_bytes = 5000",
     )
     options = parse_pipeline(text).orchestrator_options
     assert options == {
         "stage_idle_timeout": 2.0,
         "max_in_flight": 4,
+        "priority_aging_s": 0.5,
         "shutdown_grace": 0.0,
         "max_unread_bytes": 1000,
         "max_unread_outputs": 10,
@@ -217,6 +219,21 @@ def test_orchestrator_options_in_the_pipeline_table():
         "max_forward_bytes": 5000,
     }
     assert type(options["stage_idle_timeout"]) is float
+
+
+def test_the_serve_table_sets_each_endpoints_default_priority():
+    config = parse_pipeline(GOOD + "\n[serve.priority]\nchat = 5\nrealtime = -20\n")
+    assert config.serve.priority.as_dict() == {
+        "chat": 5,
+        "speech": 0,
+        "transcription": 0,
+        "realtime": -20,
+    }
+    assert parse_pipeline(GOOD).serve.priority.realtime == -10
+    with pytest.raises(ConfigError, match=r"serve\.priority\.chat: Expected `int` <= 1000"):
+        parse_pipeline(GOOD + "\n[serve.priority]\nchat = 5000\n")
+    with pytest.raises(ConfigError, match=r"serve\.priority.*unknown field `batch`"):
+        parse_pipeline(GOOD + "\n[serve.priority]\nbatch = 1\n")
 
 
 def test_with_pipeline_overrides_and_checks_like_a_loaded_config():

@@ -66,6 +66,7 @@ import msgspec
 from ._core import MAX_FORWARD_BYTES
 from ._flow import CONSUMER_IDLE_TIMEOUT, MAX_UNREAD_BYTES, MAX_UNREAD_OUTPUTS
 from ._graph import StageGraph
+from ._priority import DEFAULT_AGING_S, PRIORITY_MAX, PRIORITY_MIN
 from ._util import import_object
 from .process._options import (
     INLINE_CHUNK_BYTES,
@@ -150,7 +151,11 @@ class PipelineSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     """Seconds a submitted stage may send nothing for a request before the request
     ends with an ``"error"`` terminal naming the stage; ``None``: no watchdog."""
     max_in_flight: Annotated[int, msgspec.Meta(ge=1)] | None = None
-    """Requests in flight at once (more wait to be admitted); ``None``: no limit."""
+    """Requests in flight at once (more wait to be admitted, by priority); ``None``:
+    no limit."""
+    priority_aging_s: Annotated[float, msgspec.Meta(gt=0)] | None = DEFAULT_AGING_S
+    """A request waiting to be admitted gains one step of priority per this many
+    seconds waited, so that low-priority work always gets in."""
     shutdown_grace: Annotated[float, msgspec.Meta(ge=0)] = 5.0
     """Seconds the orchestrator's shutdown (and a stream left early) may spend
     delivering aborts."""
@@ -196,11 +201,35 @@ class PipelineSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     the pipeline, on loopback only."""
 
 
+#: A request's priority in a config: an integer, lower runs earlier.
+_Priority = Annotated[int, msgspec.Meta(ge=PRIORITY_MIN, le=PRIORITY_MAX)]
+
+
+class EndpointPriorities(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """The ``[serve.priority]`` table: each endpoint's priority for a request that
+    gives none (lower runs earlier). A spoken turn goes ahead of chat by default."""
+
+    chat: _Priority = 0
+    speech: _Priority = 0
+    transcription: _Priority = 0
+    realtime: _Priority = -10
+
+    def as_dict(self) -> dict[str, int]:
+        return msgspec.structs.asdict(self)
+
+
+class ServeSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """The ``[serve]`` table: what ``omni-trio serve`` does with this pipeline."""
+
+    priority: EndpointPriorities = EndpointPriorities()
+
+
 class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
     """A whole pipeline config."""
 
     stages: list[StageConfig]
     pipeline: PipelineSection = PipelineSection()
+    serve: ServeSection = ServeSection()
 
     @property
     def final_stage_ids(self) -> frozenset[int]:
@@ -313,7 +342,8 @@ class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, f
 
     @property
     def orchestrator_options(self) -> dict[str, Any]:
-        """``stage_idle_timeout=``, ``max_in_flight=``, ``shutdown_grace=`` and the
+        """``stage_idle_timeout=``, ``max_in_flight=``, ``priority_aging_s=``,
+        ``shutdown_grace=`` and the
         flow-control bounds (``max_unread_bytes=``, ``max_unread_outputs=``,
         ``consumer_idle_timeout=``, ``max_forward_bytes=``) for
         :func:`omni_trio.open_orchestrator`, from ``[pipeline]``."""
@@ -321,6 +351,7 @@ class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, f
         return {
             "stage_idle_timeout": section.stage_idle_timeout,
             "max_in_flight": section.max_in_flight,
+            "priority_aging_s": section.priority_aging_s,
             "shutdown_grace": section.shutdown_grace,
             "max_unread_bytes": section.max_unread_bytes,
             "max_unread_outputs": section.max_unread_outputs,

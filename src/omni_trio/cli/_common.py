@@ -34,6 +34,7 @@ __all__ = [
     "port",
     "positive_int",
     "positive_number",
+    "priority",
     "seconds",
     "text",
 ]
@@ -95,6 +96,7 @@ def _integer(low: int, high: int | None, rule: str) -> Callable[[str], int]:
 positive_int = _integer(1, None, "a positive integer")
 count = _integer(0, None, "an integer >= 0")
 port = _integer(0, 65535, "a port number 0-65535")
+priority = _integer(-1000, 1000, "a priority from -1000 to 1000 (lower runs earlier)")
 
 
 def _finite(text: str) -> float:

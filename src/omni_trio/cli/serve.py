@@ -19,6 +19,7 @@ from ._common import (
     port,
     positive_int,
     positive_number,
+    priority,
     seconds,
 )
 
@@ -107,6 +108,14 @@ def add_parser(commands: Commands) -> None:
         "closed (default 300)",
     )
     realtime.add_argument(
+        "--realtime-priority",
+        type=priority,
+        default=None,
+        metavar="N",
+        help="its responses' priority, lower first (default: the config's "
+        "[serve.priority] realtime, else -10: ahead of chat's 0)",
+    )
+    realtime.add_argument(
         "--no-realtime-speculation",
         dest="realtime_speculate",
         action="store_false",
@@ -184,6 +193,7 @@ async def _serve_main(
         max_event_bytes=args.realtime_max_event_bytes,
         idle_timeout=args.realtime_idle_timeout,
         speculate=args.realtime_speculate,
+        priority=args.realtime_priority,
     )
     app = app_for_config(
         config,

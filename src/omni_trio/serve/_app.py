@@ -9,7 +9,7 @@ with ``add_middleware`` still wraps everything, the chat endpoint too.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -20,6 +20,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from .._checks import check_positive_int
+from .._priority import check_priority
 from ._answer import Plan
 from ._body import DEFAULT_MAX_REQUEST_BYTES, read_body, refuse
 from ._chat import ChatResponse, send_json
@@ -29,7 +30,7 @@ from ._protocol import Model, ModelList, OpenAIError, decode_request, encode
 from ._realtime import RealtimeEndpoint, RealtimeOptions
 from ._response import EndpointResponse
 from ._speech import SpeechResponse, plan_speech
-from ._state import OutputsHook, ServerState
+from ._state import DEFAULT_PRIORITIES, OutputsHook, ServerState
 from ._transcription import DEFAULT_MAX_AUDIO_SECONDS, TranscriptionResponse, plan_transcription
 
 if TYPE_CHECKING:
@@ -87,6 +88,7 @@ def create_app(
     on_outputs: OutputsHook | None = None,
     realtime: RealtimeOptions | None = None,
     max_audio_seconds: float = DEFAULT_MAX_AUDIO_SECONDS,
+    priorities: Mapping[str, int] | None = None,
 ) -> Starlette:
     """An OpenAI-compatible ASGI app serving ``model``: chat completions, the
     Realtime API's WebSocket at ``/v1/realtime`` (see ``docs/voice.md``), and speech
@@ -113,17 +115,21 @@ def create_app(
           :class:`RealtimeOptions` if ``None``).
       max_audio_seconds: The longest audio ``/v1/audio/transcriptions`` takes (a
           longer file gets 400, found while it is decoded).
+      priorities: Per endpoint (``chat``, ``speech``, ``transcription``,
+          ``realtime``), the priority of a request that gives none; those not
+          given keep their defaults (0, and -10 for realtime).
 
     Raises:
       ValueError: ``max_waiting`` is negative, ``max_request_bytes`` is not
-          positive, or ``max_audio_seconds`` is not a positive number.
+          positive, ``max_audio_seconds`` is not a positive number, or
+          ``priorities`` names an unknown endpoint or a bad priority.
     """
     if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
         raise ValueError(f"max_waiting must be an integer >= 0, got {max_waiting!r}")
     check_positive_int("max_request_bytes", max_request_bytes)
     if not isinstance(max_audio_seconds, int | float) or not max_audio_seconds > 0:
         raise ValueError(f"max_audio_seconds must be a number > 0, got {max_audio_seconds!r}")
-    state = ServerState(model, max_waiting, on_outputs)
+    state = ServerState(model, max_waiting, on_outputs, _priorities(priorities))
     state.realtime = RealtimeEndpoint(state, realtime or RealtimeOptions())
     created = int(time.time())
 
@@ -297,6 +303,18 @@ def server_state(app: Starlette) -> ServerState:
     return state
 
 
+def _priorities(given: Mapping[str, int] | None) -> dict[str, int]:
+    priorities = dict(DEFAULT_PRIORITIES)
+    for endpoint, priority in (given or {}).items():
+        if endpoint not in priorities:
+            raise ValueError(
+                f"priorities: unknown endpoint {endpoint!r}: it is one of "
+                + ", ".join(DEFAULT_PRIORITIES)
+            )
+        priorities[endpoint] = check_priority(priority, f"priorities[{endpoint!r}]")
+    return priorities
+
+
 def app_for_config(
     config: PipelineConfig,
     *,
@@ -313,6 +331,7 @@ def app_for_config(
     return create_app(
         ServedModel.from_config(config),
         lambda: open_pipeline(config),
+        priorities=config.serve.priority.as_dict(),
         max_waiting=max_waiting,
         max_request_bytes=max_request_bytes,
         on_outputs=on_outputs,
