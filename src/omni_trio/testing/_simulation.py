@@ -257,6 +257,7 @@ class SimulatedPipeline:
         *,
         request_id: str | None = None,
         final_stage_ids: Iterable[int] | None = None,
+        priority: int = 0,
     ) -> AsyncIterator[_Stream]:
         """:meth:`Orchestrator.open_request`, recorded in the trace and in
         :attr:`requests`; a ``"cancel"`` fault on it leaves the block (what the
@@ -269,14 +270,18 @@ class SimulatedPipeline:
         try:
             with record.scope:
                 request = self.orchestrator.open_request(
-                    prompt, request_id=request_id, final_stage_ids=final_stage_ids
+                    prompt,
+                    request_id=request_id,
+                    final_stage_ids=final_stage_ids,
+                    priority=priority,
                 )
                 stream = None
                 try:
                     async with request as stream:
                         record.request_id = stream.request_id
                         self._opened[index] = record
-                        trace.record("open", index, stream.request_id, summary(prompt))
+                        shown = (f"priority={priority}",) if priority else ()
+                        trace.record("open", index, stream.request_id, summary(prompt), *shown)
                         try:
                             yield _Stream(stream, record, trace)
                         finally:
