@@ -73,6 +73,7 @@ TABLES = {
     "requests_written": 10,
     "acks_owed": 11,
     "ring_bytes_in_use": 12,
+    "engines_waiting": 13,
 }
 STAGE_GAUGES = {
     "in_flight": "omni_trio:stage_requests_in_flight",

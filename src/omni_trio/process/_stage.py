@@ -126,6 +126,9 @@ class ProcessStageStatistics:
           workers (batched, or asked for by a sender that waits).
       ring_bytes_in_use: Bytes in use in the worker's rings to the workers
           downstream.
+      engines_waiting: The worker's engines waiting at its gate to compute (its
+          control connection is backlogged), let in by their request's priority,
+          aged. An engine's own queue (a language model's slots) is its own.
       outputs_queued: Batches of the worker's outputs read from it and not yet
           taken by the orchestrator (its :attr:`~ProcessStage.outputs` channel holds
           64 at most; then the worker's control connection, then its engines, wait).
@@ -157,6 +160,7 @@ class ProcessStageStatistics:
     requests_written: int = 0
     acks_owed: int = 0
     ring_bytes_in_use: int = 0
+    engines_waiting: int = 0
     outputs_queued: int = 0
     stale_outputs: int = 0
     submitted: int = 0

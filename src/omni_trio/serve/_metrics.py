@@ -299,6 +299,11 @@ _STAGE_GAUGES = (
         "omni_trio:worker_ring_bytes_in_use",
         "Bytes in use in the worker's rings to the workers downstream.",
     ),
+    (
+        "engines_waiting",
+        "omni_trio:worker_engines_waiting",
+        "Engines waiting at the worker's gate to compute (by priority).",
+    ),
 )
 #: Each replica's figures (``ProcessStageStatistics.replicas``) read as gauges, labelled
 #: by stage and replica.

@@ -244,7 +244,8 @@ class Pong(_Message):
     that went inline; ``requests_written``: requests it sent chunks of downstream
     and has not released; ``acks_owed``: requests whose acknowledgements it owes
     its upstream workers (batched, or asked for by a waiting sender);
-    ``ring_bytes_in_use``: of its rings to the workers downstream.
+    ``ring_bytes_in_use``: of its rings to the workers downstream;
+    ``engines_waiting``: engines waiting at its gate to compute, by priority.
     """
 
     seq: int
@@ -257,6 +258,7 @@ class Pong(_Message):
     requests_written: int = 0
     acks_owed: int = 0
     ring_bytes_in_use: int = 0
+    engines_waiting: int = 0
 
 
 # -- a chunk link (a sending worker <-> a reading worker) -----------------------------------

@@ -421,6 +421,7 @@ class Worker:
             requests_written=written,
             acks_owed=sum(inlink.owed for inlink in self.inlinks),
             ring_bytes_in_use=ring_bytes,
+            engines_waiting=self.gate.waiting,
         )
 
     async def _spend_credit(self, request: WorkerRequest, size: int) -> None:
