@@ -176,6 +176,7 @@ BAD = [
     ({"response_format": "ogg"}, "response_format", "unknown response_format 'ogg': it is one"),
     ({"stream_format": "chunks"}, "stream_format", "unknown stream_format 'chunks'"),
     ({"model": "tts-1"}, "model", "the model 'tts-1' does not exist"),
+    ({"extra_body": {"priority": 5000}}, "priority", "Expected `int` <= 1000"),
 ]
 
 

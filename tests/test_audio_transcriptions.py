@@ -127,6 +127,10 @@ async def test_bad_uploads_are_clear_errors_and_the_server_goes_on():
             body = {"model": MODEL, "temperature": "hot"}
             response = await http.post("/v1/audio/transcriptions", data=body, files=files)
             assert response.json()["error"]["param"] == "temperature"
+            body = {"model": MODEL, "priority": "soon"}
+            response = await http.post("/v1/audio/transcriptions", data=body, files=files)
+            assert response.json()["error"]["param"] == "priority"
+            assert "an integer from -1000 to 1000" in response.json()["error"]["message"]
         assert (await transcribe(url, wav_of("Hello there."))).text
 
 

@@ -348,3 +348,37 @@ async def test_a_simulated_pipeline_serves_mixed_priorities_in_aged_order(
                 rank_x = asks[x][0] + opened[x]
                 rank_y = asks[y][0] + opened[y]
                 assert rank_x <= rank_y + slack, (x, y, asks[x], asks[y])
+
+
+# -- the asyncio twin ---------------------------------------------------------------------
+
+
+def test_the_asyncio_twin_admits_by_priority_too() -> None:
+    from omni_trio.compare import open_asyncio_orchestrator
+    from omni_trio.compare.asyncio_testing import (
+        AsyncioScriptedStage,
+        run_with_virtual_time,
+        wait_all_tasks_blocked,
+    )
+
+    async def main() -> list[str]:
+        import asyncio
+
+        stage = AsyncioScriptedStage()
+        async with open_asyncio_orchestrator(
+            [stage], {0}, prewarm_fn=lambda k, p: p, max_in_flight=1
+        ) as orch:
+            tasks = []
+            for name, priority in [("running", 0), ("batch", 5), ("chat", 0), ("voice", -10)]:
+                tasks.append(asyncio.create_task(orch.add_request(name, name, priority=priority)))
+                await wait_all_tasks_blocked()
+            for _ in range(4):
+                await wait_all_tasks_blocked()
+                await stage.emit(stage.submitted_ids()[-1], "done", finished=True)
+                await orch.next_output()
+            await asyncio.gather(*tasks)
+            with pytest.raises(ValueError, match="priority must be an integer"):
+                await orch.add_request("bad", "x", priority=True)  # type: ignore[arg-type]
+            return stage.submitted_ids()
+
+    assert run_with_virtual_time(main) == ["running", "voice", "chat", "batch"]

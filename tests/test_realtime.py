@@ -820,3 +820,22 @@ async def test_a_stopping_server_tells_its_sessions_and_closes_them() -> None:
     assert error["error"]["code"] == "server_shutting_down"
     assert code == 1012
     assert len(server.script.fully_aborted()) == 1
+
+
+@pytest.mark.parametrize(("options", "priority"), [(None, -10), (RealtimeOptions(priority=3), 3)])
+async def test_a_response_runs_at_the_sessions_priority(
+    options: RealtimeOptions | None, priority: int
+) -> None:
+    """A realtime response's request carries the endpoint's priority (-10: ahead of
+    chat's 0) or ``RealtimeOptions.priority`` to every stage of its route."""
+    async with realtime_server(options=options) as server:
+
+        def script(client: Client) -> list[dict]:
+            answer(client, "urgent")
+            return client.events
+
+        events = await talk(server.ws_url(), script)
+        requests = [r for stage in server.script.stages for r in stage.requests]
+    assert events[-1]["response"]["status"] == "completed"
+    assert requests
+    assert {r.priority for r in requests} == {priority}

@@ -356,6 +356,7 @@ BAD_REALTIME_FLAGS = [
     ("--realtime-max-buffer-seconds", "0", "a positive number"),
     ("--realtime-max-event-bytes", "-1", "a positive integer"),
     ("--realtime-idle-timeout", "nan", "a positive number"),
+    ("--realtime-priority", "5000", "a priority from -1000 to 1000 (lower runs earlier)"),
 ]
 
 
@@ -390,6 +391,7 @@ def test_the_realtime_flags_are_parsed_and_default_to_the_servers():
             args.realtime_max_event_bytes,
             args.realtime_idle_timeout,
             args.realtime_speculate,
+            args.realtime_priority,
         )
 
     defaults = RealtimeOptions()
@@ -399,11 +401,13 @@ def test_the_realtime_flags_are_parsed_and_default_to_the_servers():
         defaults.max_event_bytes,
         defaults.idle_timeout,
         defaults.speculate,
+        defaults.priority,
     )
     flags = ["--realtime-max-sessions", "3", "--realtime-max-buffer-seconds", "2.5"]
     flags += ["--realtime-max-event-bytes", "5000", "--realtime-idle-timeout", "7"]
+    flags += ["--realtime-priority", "-20"]
     args = _parse(["serve", "demo", "--port", "0", *flags, "--no-realtime-speculation"])
-    assert realtime(args) == (3, 2.5, 5000, 7.0, False)
+    assert realtime(args) == (3, 2.5, 5000, 7.0, False, -20)
 
 
 def realtime_url(server: Server) -> str:
