@@ -204,7 +204,8 @@ def test_orchestrator_options_in_the_pipeline_table():
     text = GOOD.replace(
         'name = "tiny"',
         'name = "tiny"\nstage_idle_timeout = 2\nmax_in_flight = 4\nshutdown_grace = 0\n'
-        "priority_aging_s = 0.5\nmax_unread_bytes = 1000\nmax_unread_outputs = 10\nconsumer_idle_timeout = 0\n"
+        "priority_aging_s = 0.5\nmax_unread_bytes = 1000\nmax_unread_outputs = 10\n"
+        "consumer_idle_timeout = 0\n"
         "max_forward_bytes = 5000",
     )
     options = parse_pipeline(text).orchestrator_options
