@@ -184,6 +184,45 @@ async def test_a_cancelled_request_stops_at_its_next_token_and_frees_its_slot(se
     assert outputs[-1].meta["usage"]["completion_tokens"] == 8
 
 
+async def test_a_reserved_slot_answers_an_urgent_request_while_long_ones_hold_the_rest(servers):
+    """Two slots, one reserved (priority -1 or lower): a long answer holds the
+    other, a second long one waits for it, and an urgent question is answered at
+    once, beside the first, ahead of the second; the worker sees one waiting."""
+    engine = await trio.to_thread.run_sync(
+        partial(
+            llama_cpp, n_parallel=2, reserved_slots=1, max_tokens=2000, temperature=0.0, threads=1
+        )
+    )
+    story = "Write a very long story about the sea."
+    started: dict[str, int] = {}
+    order: list[str] = []
+
+    async def run(name: str, prompt: Any, priority: int) -> None:
+        request = EngineRequest(name, prompt, 0, priority)
+        async with aclosing(engine(request, NoIO())) as outputs:
+            async for out in outputs:
+                if name not in started:
+                    started[name] = len(order)
+                    order.append(name)
+                if isinstance(out, Last):
+                    order.append(f"{name} done")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run, "long 1", story, 0)
+        with trio.fail_after(30):
+            while "long 1" not in started:  # noqa: ASYNC110 - polled
+                await trio.sleep(0.01)
+        nursery.start_soon(run, "long 2", story, 0)
+        await trio.sleep(0.2)
+        assert engine.slots.statistics().waiting == 1  # type: ignore[attr-defined]
+        question = {"text": "What is the opposite of hot?", "sampling": {"max_tokens": 8}}
+        with trio.fail_after(30):
+            await run("urgent", question, -10)
+        assert "long 2" not in started  # it waits for the first long answer's slot
+        nursery.cancel_scope.cancel()
+    assert order == ["long 1", "urgent", "urgent done"]
+
+
 async def test_an_abort_through_the_orchestrator_reaches_the_model(servers):
     """The same, end to end: leaving a request's block aborts it at the worker (a
     task here), whose engine stops llama.cpp before the stage reports it gone."""

@@ -6,6 +6,9 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from typing import Any
 
 import pytest
 import trio
@@ -25,6 +28,7 @@ from omni_trio._priority import (
 )
 from omni_trio.bench._replicas import DEVICE_TOML
 from omni_trio.config import parse_pipeline
+from omni_trio.process import ChunkIO, EngineRequest, open_inprocess_stage
 from omni_trio.testing import open_simulated_pipeline
 from omni_trio.testing._invariants import check_outputs, check_released, terminal_of
 
@@ -382,3 +386,49 @@ def test_the_asyncio_twin_admits_by_priority_too() -> None:
             return stage.submitted_ids()
 
     assert run_with_virtual_time(main) == ["running", "voice", "chat", "batch"]
+
+
+# -- an engine's slots, reported by its worker --------------------------------------------
+
+
+def holding_engine() -> Any:
+    """An engine of one slot, by priority, that holds it until its request is
+    aborted; ``engine.slots`` tells its worker who waits."""
+    slots = PrioritySlots(1)
+
+    async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
+        async with slots.slot(request.priority):
+            yield request.request_id
+            await trio.sleep_forever()
+
+    engine.slots = slots  # type: ignore[attr-defined]
+    return engine
+
+
+async def slots_waiting(stage: Any, count: int) -> None:
+    with trio.fail_after(5):
+        while (await stage.refresh_statistics()).slots_waiting != count:  # noqa: ASYNC110
+            await trio.sleep(0.01)
+
+
+async def test_a_worker_reports_the_requests_waiting_for_its_engines_slots() -> None:
+    """Three requests for one slot: the worker reports two waiting; when the first
+    is aborted, the most urgent waiter (priority -5) takes the slot, not the one
+    that came first (priority 5)."""
+    async with (
+        open_inprocess_stage(holding_engine) as stage,
+        open_orchestrator([stage], {0}, prewarm_fn=lambda k, p: p) as orch,
+    ):
+        async with AsyncExitStack() as stack:
+            streams = [
+                await stack.enter_async_context(
+                    orch.open_request(index, request_id=f"r{index}", priority=priority)
+                )
+                for index, priority in enumerate([0, 5, -5])
+            ]
+            assert (await streams[0].receive()).data == "r0"
+            await slots_waiting(stage, 2)
+            await orch.abort("r0")
+            assert (await streams[2].receive()).data == "r2"
+            await slots_waiting(stage, 1)
+        await slots_waiting(stage, 0)  # leaving aborted the others

@@ -74,6 +74,7 @@ TABLES = {
     "acks_owed": 11,
     "ring_bytes_in_use": 12,
     "engines_waiting": 13,
+    "slots_waiting": 14,
 }
 STAGE_GAUGES = {
     "in_flight": "omni_trio:stage_requests_in_flight",

@@ -224,6 +224,7 @@ def llama_cpp(
                     if text:
                         yield text
 
+    engine.slots = slots  # type: ignore[attr-defined] # its waiters, for the worker
     return engine
 
 

@@ -128,7 +128,10 @@ class ProcessStageStatistics:
           downstream.
       engines_waiting: The worker's engines waiting at its gate to compute (its
           control connection is backlogged), let in by their request's priority,
-          aged. An engine's own queue (a language model's slots) is its own.
+          aged.
+      slots_waiting: Requests waiting for a slot of the worker's engine (one that
+          has a ``slots`` attribute: the language model's, the speech engines'),
+          let in by priority, aged.
       outputs_queued: Batches of the worker's outputs read from it and not yet
           taken by the orchestrator (its :attr:`~ProcessStage.outputs` channel holds
           64 at most; then the worker's control connection, then its engines, wait).
@@ -161,6 +164,7 @@ class ProcessStageStatistics:
     acks_owed: int = 0
     ring_bytes_in_use: int = 0
     engines_waiting: int = 0
+    slots_waiting: int = 0
     outputs_queued: int = 0
     stale_outputs: int = 0
     submitted: int = 0

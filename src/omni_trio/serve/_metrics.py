@@ -304,6 +304,11 @@ _STAGE_GAUGES = (
         "omni_trio:worker_engines_waiting",
         "Engines waiting at the worker's gate to compute (by priority).",
     ),
+    (
+        "slots_waiting",
+        "omni_trio:worker_slots_waiting",
+        "Requests waiting for a slot of the worker's engine (by priority).",
+    ),
 )
 #: Each replica's figures (``ProcessStageStatistics.replicas``) read as gauges, labelled
 #: by stage and replica.

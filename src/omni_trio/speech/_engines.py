@@ -168,6 +168,7 @@ def talker(voice: str = "en", first_phrase_words: int = 4, phrase_words: int = 1
             if held is not None:
                 yield Last(held)
 
+    engine.slots = turns  # type: ignore[attr-defined] # its waiters, for the worker
     return engine
 
 
@@ -220,6 +221,7 @@ def code2wav(voice: str = "en", words_per_minute: int = 175) -> Engine:
                 pcm = await speak(codes)
                 yield Last(pcm) if index == len(phrases) else pcm
 
+    engine.slots = turns  # type: ignore[attr-defined] # its waiters, for the worker
     return engine
 
 

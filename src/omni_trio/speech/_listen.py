@@ -186,6 +186,7 @@ def listen(
             await io.send(transcript.encode("utf-8"))
         yield Last(transcript)
 
+    engine.slots = turns  # type: ignore[attr-defined] # its waiters, for the worker
     return engine
 
 

@@ -178,7 +178,11 @@ class ChunkIO(Protocol):
 Engine = Callable[[EngineRequest, ChunkIO], AsyncIterator[Any]]
 """``engine(request, io)``: an async generator yielding output data items (anything
 msgpack can carry: ``str``, ``bytes``, numbers, lists, dicts, ``None``), the last one
-optionally wrapped in :class:`Last`."""
+optionally wrapped in :class:`Last`.
+
+An engine that keeps its requests waiting for slots of its own says so with a
+``slots`` attribute (``engine.slots = slots``, an :class:`omni_trio.PrioritySlots`):
+its worker reports how many wait there (the stage's ``slots_waiting``)."""
 
 EngineFactory = Callable[..., Engine]
 """``factory(**engine_args) -> Engine``, named by an import path ``"package.module:name"``."""

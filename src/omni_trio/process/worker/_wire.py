@@ -245,7 +245,9 @@ class Pong(_Message):
     and has not released; ``acks_owed``: requests whose acknowledgements it owes
     its upstream workers (batched, or asked for by a waiting sender);
     ``ring_bytes_in_use``: of its rings to the workers downstream;
-    ``engines_waiting``: engines waiting at its gate to compute, by priority.
+    ``engines_waiting``: engines waiting at its gate to compute, by priority;
+    ``slots_waiting``: requests waiting for a slot of the engine's own (an engine
+    with a ``slots`` attribute).
     """
 
     seq: int
@@ -259,6 +261,7 @@ class Pong(_Message):
     acks_owed: int = 0
     ring_bytes_in_use: int = 0
     engines_waiting: int = 0
+    slots_waiting: int = 0
 
 
 # -- a chunk link (a sending worker <-> a reading worker) -----------------------------------

@@ -422,6 +422,7 @@ class Worker:
             acks_owed=sum(inlink.owed for inlink in self.inlinks),
             ring_bytes_in_use=ring_bytes,
             engines_waiting=self.gate.waiting,
+            slots_waiting=_slots_waiting(self.engine),
         )
 
     async def _spend_credit(self, request: WorkerRequest, size: int) -> None:
@@ -488,6 +489,17 @@ class Worker:
             request.running = False
             request.finished = True
             request.drain()
+
+
+def _slots_waiting(engine: object) -> int:
+    """The requests waiting for the engine's own slots, if it says (a ``slots``
+    attribute with ``statistics().waiting``); 0 if not, or if asking fails."""
+    slots = getattr(engine, "slots", None)
+    try:
+        waiting = slots.statistics().waiting  # type: ignore[union-attr]
+    except Exception:
+        return 0
+    return waiting if type(waiting) is int else 0
 
 
 async def serve(
