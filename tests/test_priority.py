@@ -432,3 +432,84 @@ async def test_a_worker_reports_the_requests_waiting_for_its_engines_slots() -> 
             assert (await streams[2].receive()).data == "r2"
             await slots_waiting(stage, 1)
         await slots_waiting(stage, 0)  # leaving aborted the others
+
+
+# -- the other queues' orders -----------------------------------------------------------
+
+
+def test_a_restarting_replicas_waiting_submits_go_to_its_next_worker_by_priority() -> None:
+    from omni_trio.process._replica import Replica, _PendingSubmit
+
+    replica = object.__new__(Replica)  # its queue alone: no worker, no supervisor
+    replica._pending = {
+        request_id: _PendingSubmit(request_id.encode(), 30.0, rank(priority, at, 1.0))
+        for request_id, priority, at in [
+            ("batch", 5, 0.0),
+            ("chat", 0, 1.0),
+            ("voice", -10, 2.0),
+            ("old batch", 5, -10.0),  # waited 10 s longer: aged past the chat
+            ("chat 2", 0, 1.0),
+        ]
+    }
+    replica._lives = {}
+    sent: list[str] = []
+
+    class Worker:
+        def submit(self, request_id: str, frame: bytes, life: int) -> None:
+            sent.append(request_id)
+
+        def credit(self, request_id: str, outputs: int, nbytes: int) -> None:
+            raise AssertionError("no credit was given")
+
+    replica._send_pending(Worker())  # type: ignore[arg-type]
+    assert sent == ["voice", "old batch", "chat", "chat 2", "batch"]
+    assert replica._pending == {}
+
+
+def test_least_loaded_breaks_a_tie_by_the_requests_ahead_of_the_new_one() -> None:
+    from omni_trio.process._placement import choose_least_loaded
+
+    live = [True, True, True]
+    assert choose_least_loaded(live, [2, 1, 1]) == 1  # the first on a tie
+    assert choose_least_loaded(live, [2, 1, 1], ahead=[0, 1, 0]) == 2
+    assert choose_least_loaded(live, [0, 1, 1], ahead=[5, 0, 0]) == 0  # load first
+
+
+class _Control:
+    """A control connection as the gate sees it: bytes queued, a high water."""
+
+    def __init__(self) -> None:
+        self.queued = 0
+        self.high_water = 50
+        self.on_written: Any = None
+
+
+async def test_the_workers_gate_lets_engines_in_by_priority(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from omni_trio.process.worker._requests import Gate
+
+    control = _Control()
+    gate = Gate(control)  # type: ignore[arg-type]
+    await gate.enter()
+    gate.leave(60)  # an output of 60 bytes: one engine at a time fits under 50
+    control.queued = 1000  # backlogged: every engine waits
+    order: list[str] = []
+
+    async def engine(name: str, priority: int) -> None:
+        await gate.enter(priority)
+        order.append(name)
+        await trio.sleep(0.01)
+        gate.leave(60)  # the next one goes in as this one leaves
+
+    async with trio.open_nursery() as nursery:
+        for name, priority in [("batch", 5), ("chat", 0), ("voice", -10), ("chat 2", 0)]:
+            nursery.start_soon(engine, name, priority)
+            await trio.sleep(0.01)
+        assert gate.waiting == 4
+        with trio.move_on_after(1):  # one cancelled while it waits holds no place
+            await gate.enter(-20)
+        control.queued = 0
+        control.on_written()  # the backlog was written: engines go in, in order
+    assert order == ["voice", "chat", "chat 2", "batch"]
+    assert (gate.waiting, gate.inside) == (0, 0)
