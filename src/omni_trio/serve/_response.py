@@ -89,6 +89,8 @@ class EndpointResponse:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch_disconnect, receive, nursery.cancel_scope)
                 ticket.cancel_scope = nursery.cancel_scope
+                if ticket.shed:  # (shed before it had a scope to cancel)
+                    nursery.cancel_scope.cancel()
                 try:
                     await self.run(send, ticket)
                 except OpenAIError as exc:  # the request ended without completing
