@@ -114,7 +114,7 @@ class Counting:
     def __init__(self, replicas: int) -> None:
         self.counts = [0] * replicas
 
-    def choose(self) -> int:
+    def choose(self, priority: int = 0) -> int:
         index = choose_least_loaded([True] * len(self.counts), self.counts)
         self.counts[index] += 1
         return index
