@@ -239,13 +239,13 @@ class Ticket:
         self.server.tickets.add(self)
         return self
 
-    def admitted(self, stage: str = "admission") -> None:
+    def admitted(self) -> None:
         """Its request is admitted: its wait for a slot goes to the metrics."""
         server = self.server
         server.running += 1
         self.running = True
         waited = trio.current_time() - self.entered
-        server.metrics.queue_wait(stage, self.priority, waited)
+        server.metrics.queue_wait("admission", self.priority, waited)
 
     def __exit__(
         self,
