@@ -513,3 +513,43 @@ async def test_the_workers_gate_lets_engines_in_by_priority(
         control.on_written()  # the backlog was written: engines go in, in order
     assert order == ["voice", "chat", "chat 2", "batch"]
     assert (gate.waiting, gate.inside) == (0, 0)
+
+
+@given(
+    st.integers(1, 4),
+    st.integers(0, 3),
+    st.lists(
+        st.tuples(st.sampled_from(["ask", "give", "cancel"]), st.integers(-3, 3)),
+        max_size=60,
+    ),
+)
+def test_a_slot_table_never_leaves_a_slot_free_that_a_waiter_may_take(
+    total: int, reserved: int, steps: list[tuple[str, int]]
+) -> None:
+    """Whatever the asks, give-backs and cancels: slots in use never exceed the
+    total, nothing is handed out twice, and no waiter waits while a slot it may
+    take is free."""
+    reserved = min(reserved, total - 1)
+    table: SlotTable[int] = SlotTable(total, reserved=reserved, reserved_for=-1)
+    holding: list[int] = []  # the asks holding a slot
+    waiting: dict[int, Any] = {}
+    for index, (step, priority) in enumerate(steps):
+        if step == "ask":
+            if table.take(priority):
+                holding.append(index)
+            else:
+                waiting[index] = table.wait(index, priority, now=float(index))
+        elif step == "give" and holding:
+            holding.pop(0)
+            for waiter in table.give_back():
+                holding.append(waiting.pop(waiter.item))
+        elif step == "cancel" and waiting:
+            key = sorted(waiting)[priority % len(waiting)]
+            assert table.cancel(waiting.pop(key))
+        free = total - table.in_use
+        assert table.in_use == len(holding) <= total
+        assert len(set(holding)) == len(holding)
+        assert table.waiting == len(waiting)
+        urgent = [w for w in waiting.values() if w.priority <= -1]
+        assert not (urgent and free > 0)
+        assert not (len(urgent) < len(waiting) and free > reserved)
