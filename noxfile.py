@@ -123,6 +123,7 @@ LLM_TESTS = [
     "tests/test_llm.py",
     "tests/test_llm_demo.py",
     "tests/test_bench_llm.py",
+    "tests/test_bench_priority.py",
 ]
 
 

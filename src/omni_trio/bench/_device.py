@@ -8,14 +8,17 @@ engine's requests share its iterations: a request that waited for a slot takes i
 over at the step boundary where it was freed, and a request that finds a slot free
 while a step runs joins the next one. With ``batch = 1`` a worker runs one request at
 a time, back to back: the others wait for its slot, by priority (aged), first come
-first served within one.
+first served within one (``priority_aging_s``: a waiter gains one step of priority
+per this many seconds; ``None``, strict priority).
 
 - :func:`host`: a fast stage with no device time (a prefill handed over, say): sends
   the request's number of steps downstream as one chunk, and completes.
 - :func:`device`: the bottleneck stage: reads that chunk, takes a slot, and yields one
   output per step, each saying which worker made it (``pid``), how long the request
-  waited for its slot (``waited``, seconds) and how many requests the worker already
-  held when it arrived (``held``).
+  waited for its slot (``waited``, seconds), how many requests the worker already
+  held when it arrived (``held``), when it arrived (``arrived``: the worker's Trio
+  clock, the one its slots rank waiters by) and how many requests took a slot on
+  that device before it (``order``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 import attrs
 import trio
 
+from .._priority import DEFAULT_AGING_S
 from .._slots import PrioritySlots
 from ..process import ChunkIO, Engine, EngineRequest, Last
 
@@ -55,8 +59,13 @@ class Device:
     #: Of the ``batch`` slots, how many only urgent requests (priority -1 or lower)
     #: may take (see :class:`omni_trio.PrioritySlots`).
     reserved: int = 0
+    #: A waiter gains one step of priority per this many seconds (``None``: strict
+    #: priority, first come first served within one).
+    priority_aging_s: float | None = DEFAULT_AGING_S
     #: Requests in the worker: holding a slot or waiting for one.
     held: int = 0
+    #: Requests that took a slot so far (the next one's ``order``).
+    granted: int = 0
     _slots: PrioritySlots = attrs.field(init=False)
     _origin: float = 0.0  # when the steps running back to back began
     _end: float = float("-inf")  # when the last step booked ends
@@ -64,7 +73,9 @@ class Device:
 
     def __attrs_post_init__(self) -> None:
         # by priority, aged; first come first served within one
-        self._slots = PrioritySlots(self.batch, reserved=self.reserved)
+        self._slots = PrioritySlots(
+            self.batch, reserved=self.reserved, aging_s=self.priority_aging_s
+        )
 
     async def step(self, after: float | None) -> float:
         """Take part in a step and return when it ends (its end, for the next call):
@@ -88,18 +99,28 @@ class Device:
         """A request of ``steps`` steps: wait for a slot (by ``priority``), then one
         output per step."""
         arrived = time.monotonic()
+        at = trio.current_time()  # what the slots rank it by (to the microsecond)
         held = self.held
         self.held += 1
         queued = not self._slots.available(priority)  # handed a slot as it is freed
         try:
             async with self._slots.slot(priority):
                 waited = time.monotonic() - arrived
+                order = self.granted
+                self.granted += 1
                 pid = os.getpid()
                 end = self._freed if queued else None
                 try:
                     for index in range(steps):
                         end = await self.step(end)
-                        yield {"pid": pid, "step": index, "waited": waited, "held": held}
+                        yield {
+                            "pid": pid,
+                            "step": index,
+                            "waited": waited,
+                            "held": held,
+                            "arrived": at,
+                            "order": order,
+                        }
                 finally:  # the worker closes it at its last output: its slot is freed
                     self._freed = end  # at the end of its last step
         finally:
@@ -117,13 +138,23 @@ def host() -> Engine:
     return engine
 
 
-def device(step_seconds: float = STEP_SECONDS, batch: int = 1, reserved: int = 0) -> Engine:
+def device(
+    step_seconds: float = STEP_SECONDS,
+    batch: int = 1,
+    reserved: int = 0,
+    priority_aging_s: float | None = DEFAULT_AGING_S,
+) -> Engine:
     """Stage 1: ``steps`` device steps of ``step_seconds``, ``batch`` requests at a
     time per worker (``reserved`` of those slots kept for urgent requests), taken by
-    the request's priority; one output per step, the last its completion. Its steps
-    come from the host stage's chunk (async_chunk) or from its input (forward
-    mode)."""
-    worker_device = Device(step_seconds=step_seconds, batch=batch, reserved=reserved)
+    the request's priority, aged by ``priority_aging_s`` (``None``: strict priority);
+    one output per step, the last its completion. Its steps come from the host
+    stage's chunk (async_chunk) or from its input (forward mode)."""
+    worker_device = Device(
+        step_seconds=step_seconds,
+        batch=batch,
+        reserved=reserved,
+        priority_aging_s=priority_aging_s,
+    )
 
     async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
         if io.connected:

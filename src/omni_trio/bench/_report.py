@@ -66,10 +66,10 @@ ROWS = [
 def run_bench(*, quick: bool, command: str, only: str | None = None) -> dict[str, Any] | None:
     """Run the in-process scenarios, then the process scenarios, then the replica
     pools, then the Ray scenarios if Ray is installed (``only``: ``"inprocess"``,
-    ``"process"``, ``"replicas"``, ``"ray"``, ``"voice"``, ``"llm"`` or ``"audio"``,
-    just those);
+    ``"process"``, ``"replicas"``, ``"ray"``, ``"voice"``, ``"llm"``, ``"audio"`` or
+    ``"priority"``, just those);
     the report, or ``None`` if a run failed (its error output is printed)."""
-    if only in ("process", "replicas", "ray", "voice", "llm", "audio"):
+    if only in ("process", "replicas", "ray", "voice", "llm", "audio", "priority"):
         report: dict[str, Any] | None = header(command=command, quick=quick)
     else:
         report = _run_inprocess(quick=quick, command=command)
@@ -89,6 +89,14 @@ def run_bench(*, quick: bool, command: str, only: str | None = None) -> dict[str
         if audio is None:
             return None
         report["audio"] = audio
+        return report
+    if only == "priority":
+        from ._priority import run_priority_bench
+
+        priority = run_priority_bench(quick=quick, console=console)
+        if priority is None:
+            return None
+        report["priority"] = priority
         return report
     if only == "llm":
         llm = run_llm_bench(quick=quick, console=console)
@@ -240,6 +248,12 @@ def print_report(report: dict[str, Any]) -> None:
         if not {"results", "process", "replicas", "ray", "voice", "llm"} & report.keys():
             print_header(report, Console())
         print_audio_report(report, Console())
+    if "priority" in report:
+        from ._priority import print_priority_report
+
+        if not {"results", "process", "replicas", "ray", "voice", "llm", "audio"} & report.keys():
+            print_header(report, Console())
+        print_priority_report(report, Console())
 
 
 def _print_inprocess(report: dict[str, Any]) -> None:

@@ -1,7 +1,8 @@
 """``omni-trio bench``: the Trio orchestrator against its asyncio twin (and uvloop),
 the process data plane against its floors, replica pools, and Ray stages against
 worker processes; with ``--only voice``, realtime voice; with ``--only llm``, the
-language model."""
+language model; with ``--only audio``, OpenAI's audio endpoints; with ``--only
+priority``, priority under saturation."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def add_parser(commands: Commands) -> None:
     bench.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     bench.add_argument(
         "--only",
-        choices=["inprocess", "process", "replicas", "ray", "voice", "llm", "audio"],
+        choices=["inprocess", "process", "replicas", "ray", "voice", "llm", "audio", "priority"],
         help="run only the in-process scenarios, only the process scenarios "
         "(worker processes against their floors), only the replica pools (throughput "
         "and first output at 1 to 8 replicas of a bottleneck stage), only the Ray "
@@ -45,7 +46,10 @@ def add_parser(commands: Commands) -> None:
         "against called directly, batching, a cancelled request and the next, the "
         "worker's heartbeat, spoken turns on the assistant; minutes), or OpenAI's audio "
         "endpoints' (speech's first byte and real-time factor, alone, 8 at once and "
-        "beside 4 chats; a transcription)",
+        "beside 4 chats; a transcription), or priority under saturation (an urgent "
+        "chat's first token and a spoken turn's first audio on the assistant beside 8 "
+        "long chats, with priority and without; aging on device-time engines: no "
+        "starvation; minutes)",
     )
     bench.add_argument(
         "--from",
@@ -80,6 +84,12 @@ def _check(args: argparse.Namespace) -> None:
         missing = audio_missing()
         if missing is not None:
             raise UsageError(f"--only audio: {missing}")
+    if args.only == "priority" and args.from_file is None:
+        from ..bench._priority import priority_missing
+
+        missing = priority_missing()
+        if missing is not None:
+            raise UsageError(f"--only priority: {missing}")
     if args.from_file is not None:
         try:
             with open(args.from_file) as saved:
