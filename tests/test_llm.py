@@ -223,6 +223,60 @@ async def test_a_reserved_slot_answers_an_urgent_request_while_long_ones_hold_th
     assert order == ["long 1", "urgent", "urgent done"]
 
 
+async def test_preemption_pauses_the_others_while_an_urgent_request_generates(servers):
+    """``preempt=True``: a long answer pauses at its next token while an urgent
+    question is answered, then resumes from its text and ends, its ``meta``
+    counting every part and saying how long it paused."""
+    engine = await trio.to_thread.run_sync(
+        partial(
+            llama_cpp,
+            n_parallel=2,
+            reserved_slots=1,
+            preempt=True,
+            max_tokens=60,
+            temperature=0.0,
+            threads=1,
+        )
+    )
+    [server] = servers
+    counting = {"text": "Count from 1 to 100, separated by commas."}
+    events: list[tuple[str, Any]] = []
+    long_done = trio.Event()
+
+    async def run(name: str, prompt: Any, priority: int) -> None:
+        request = EngineRequest(name, prompt, 0, priority)
+        async with aclosing(engine(request, NoIO())) as outputs:
+            async for out in outputs:
+                events.append((name, out))
+        if name == "long":
+            long_done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run, "long", counting, 0)
+        with trio.fail_after(30):
+            while len(events) < 5:  # noqa: ASYNC110 - polled
+                await trio.sleep(0.01)
+        question = {"text": "What is the opposite of hot?", "sampling": {"max_tokens": 8}}
+        before = len(events)
+        with trio.fail_after(30):
+            await run("urgent", question, -10)
+        during = [name for name, _ in events[before:]]
+        with trio.fail_after(60):
+            await long_done.wait()
+    # at most the token in flight came while the urgent one ran
+    assert during.count("long") <= 1, during
+    long = [out for name, out in events if name == "long"]
+    assert isinstance(long[-1], Last)
+    meta = long[-1].meta
+    assert meta["timings"]["paused_ms"] > 0
+    assert meta["usage"]["completion_tokens"] == 60  # both parts, as asked
+    text = "".join(o if isinstance(o, str) else o.data or "" for o in long)
+    assert "1, 2, 3" in text  # one answer, continued where it paused
+    urgent = [out for name, out in events if name == "urgent"]
+    assert "cold" in "".join(o if isinstance(o, str) else o.data or "" for o in urgent).lower()
+    assert metric(server, "requests_processing") == 0
+
+
 async def test_an_abort_through_the_orchestrator_reaches_the_model(servers):
     """The same, end to end: leaving a request's block aborts it at the worker (a
     task here), whose engine stops llama.cpp before the stage reports it gone."""

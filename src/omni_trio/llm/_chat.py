@@ -139,6 +139,8 @@ class Reply:
     """
 
     meta: dict[str, Any] | None = None
+    #: Chunks of text taken so far: llama.cpp streams one per token.
+    tokens: int = 0
     _finish: str | None = None
 
     def take(self, chunks: list[Any]) -> str:
@@ -158,6 +160,7 @@ class Reply:
                 content = (choice.get("delta") or {}).get("content")
                 if content:
                     text.append(content)
+                    self.tokens += 1
                 if choice.get("finish_reason"):
                     self._finish = choice["finish_reason"]
             usage = chunk.get("usage")

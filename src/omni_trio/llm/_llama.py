@@ -19,17 +19,19 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import AsyncIterator
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing, nullcontext
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._checks import check_seconds
 from .._conversation import Sampling, check_sampling
 from .._priority import DEFAULT_AGING_S
 from .._slots import PrioritySlots
 from ..process import ChunkIO, Engine, EngineRequest, Last, stream_in_thread
 from ._chat import Chat, Reply, chat_of, messages_of
+from ._preempt import Preemption, continued
 
 if TYPE_CHECKING:
     from ..process.worker._threads import Emit
@@ -118,6 +120,8 @@ def llama_cpp(
     reserved_slots: int = 0,
     reserved_for: int = -1,
     priority_aging_s: float | None = DEFAULT_AGING_S,
+    preempt: bool = False,
+    max_pause_s: float = 5.0,
 ) -> Engine:
     """A language model's stage: a chat model from a GGUF file, run by llama.cpp,
     one per worker, answering up to ``n_parallel`` requests at once.
@@ -150,6 +154,16 @@ def llama_cpp(
           slot (``-1``: more urgent than the default 0).
       priority_aging_s: A waiting request gains one step of priority per this many
           seconds waited (``None``: no aging).
+      preempt: While a request of priority ``reserved_for`` or lower generates, the
+          others pause at their next token and resume from their text so far
+          (llama.cpp continues it as the assistant's message, reusing its cache)
+          once none does: the urgent request has the model's steps alone, instead
+          of sharing each with the running generations. A resumed answer is the
+          model's continuation of its text, not necessarily the tokens it would
+          have made unpaused.
+      max_pause_s: The most one generation pauses in all (``preempt``), so that a
+          steady stream of urgent requests cannot starve it: past it, it runs on
+          beside them.
 
     A request's input is a ``str`` (the user's turn), an utterance with ``text``
     (:func:`omni_trio.speech.utterance`: the turn, its context -- system, user and
@@ -191,6 +205,10 @@ def llama_cpp(
         reserved_for=reserved_for,
         aging_s=priority_aging_s,
     )
+    if not isinstance(preempt, bool):
+        raise ValueError(f"preempt must be true or false, got {preempt!r}")  # noqa: TRY004
+    check_seconds("max_pause_s", max_pause_s, positive=True)
+    preemption = Preemption(float(max_pause_s)) if preempt else None
     server = load_server(model, n_parallel, n_ctx, threads)
 
     async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
@@ -209,20 +227,15 @@ def llama_cpp(
             yield Last(NOTHING_HEARD)
             return
         body = request_body(chat, turn, defaults, system)
-        reply = Reply()
+        urgent = request.priority <= reserved_for
+        pausing = None if urgent else preemption  # who pauses for urgent requests
         async with slots.slot(request.priority) as waited:
-            produce = partial(_generate, server, body)
-            async with aclosing(stream_in_thread(produce, what="llama.cpp")) as batches:
-                async for batch in batches:
-                    text = reply.take(batch)
-                    if text and io.connected:
-                        await io.send(text.encode("utf-8"))
-                    if reply.meta is not None:  # the usage chunk: the answer's end
-                        reply.meta.setdefault("timings", {})["queued_ms"] = waited * 1e3
-                        yield Last(text or None, reply.meta)
-                        return
-                    if text:
-                        yield text
+            with nullcontext() if preemption is None or not urgent else preemption.urgent():
+                async with aclosing(_answer(server, body, io, pausing)) as outputs:
+                    async for output in outputs:
+                        if isinstance(output, Last) and output.meta is not None:
+                            output.meta.setdefault("timings", {})["queued_ms"] = waited * 1e3
+                        yield output
 
     engine.slots = slots  # type: ignore[attr-defined] # its waiters, for the worker
     return engine
@@ -263,6 +276,55 @@ def request_body(chat: Chat, turn: str, defaults: Sampling, system: str | None) 
         "stream_options": {"include_usage": True},
         **sampling,
     }
+
+
+async def _answer(
+    server: Any, body: dict[str, Any], io: ChunkIO, preemption: Preemption | None
+) -> AsyncGenerator[Any, None]:
+    """``body``'s answer from ``server``: its text as it comes (each delta also sent
+    downstream where ``io`` is connected), the last as a :class:`Last` with the
+    model's ``meta``. With ``preemption``, it pauses at its next token while an
+    urgent request generates, and resumes from its text so far (its ``meta`` then
+    counts every part, and says how long it paused: ``timings["paused_ms"]``)."""
+    said = ""  # the answer so far, of the parts before a pause
+    counted = 0  # their tokens
+    paused = 0.0  # seconds
+    limit = body.get("max_tokens")
+    part = body
+    while True:
+        reply = Reply()
+        produce = partial(_generate, server, part)
+        async with aclosing(stream_in_thread(produce, what="llama.cpp")) as batches:
+            async for batch in batches:
+                text = reply.take(batch)
+                if text and io.connected:
+                    await io.send(text.encode("utf-8"))
+                if reply.meta is not None:  # the usage chunk: the answer's end
+                    yield Last(text or None, _whole(reply.meta, counted, paused))
+                    return
+                if text:
+                    said += text
+                    yield text
+                if preemption is not None and preemption.pauses(paused):
+                    break  # closing the stream stops the model at its next token
+            else:
+                return
+        counted += reply.tokens
+        paused += await preemption.pause(paused)
+        left = None if limit is None else max(1, limit - counted)
+        part = continued(body, said, left) if said else body
+
+
+def _whole(meta: dict[str, Any], counted: int, paused: float) -> dict[str, Any]:
+    """The last part's ``meta`` for the whole answer: the ``counted`` tokens of the
+    parts before it were read by the last as its prompt, and are the answer's."""
+    if counted:
+        usage = meta["usage"]
+        usage["prompt_tokens"] = max(0, usage["prompt_tokens"] - counted)
+        usage["completion_tokens"] += counted
+    if paused:
+        meta.setdefault("timings", {})["paused_ms"] = paused * 1e3
+    return meta
 
 
 def _generate(server: Any, body: dict[str, Any], emit: Emit[Any]) -> None:
