@@ -364,14 +364,17 @@ async def _timed(
     return times, generating
 
 
-async def _server_part(sizes: Sizes, *, prioritised: bool) -> dict[str, Any]:
-    """One server: the urgent chat and the spoken turn, idle, then under the load."""
+async def _server_part(sizes: Sizes, *, prioritised: bool, preempt: bool = False) -> dict[str, Any]:
+    """One server: the urgent chat and the spoken turn, idle, then under the load
+    (``preempt``: the prioritised server's thinker pauses the load for them)."""
     import httpx
 
     from ..config import shipped_pipeline
 
     def changes(config: Any) -> Any:
-        return config if prioritised else _thinker(config, reserved_slots=0)
+        if not prioritised:
+            return _thinker(config, reserved_slots=0)
+        return _thinker(config, preempt=True) if preempt else config
 
     (args,) = [s.engine_args for s in shipped_pipeline("assistant").stages if s.name == "thinker"]
     n_parallel = int(args["n_parallel"])
@@ -416,6 +419,7 @@ async def _server_part(sizes: Sizes, *, prioritised: bool) -> dict[str, Any]:
             nursery.cancel_scope.cancel()  # the chats hang up: aborted at the thinker
     return {
         "reserved_slots": reserved,
+        "preempt": preempt,
         "n_parallel": n_parallel,
         "urgent_priority": urgent,
         "load_priority": load_priority,
@@ -445,10 +449,10 @@ async def _server_part(sizes: Sizes, *, prioritised: bool) -> dict[str, Any]:
     }
 
 
-async def chat_part(sizes: Sizes) -> dict[str, Any]:
+async def chat_part(sizes: Sizes, *, preempt: bool = False) -> dict[str, Any]:
     """The prioritised server, then the baseline one."""
     load = os.getloadavg()[0]
-    prioritised = await _server_part(sizes, prioritised=True)
+    prioritised = await _server_part(sizes, prioritised=True, preempt=preempt)
     baseline = await _server_part(sizes, prioritised=False)
     return {
         "load_chats": sizes.chats,
@@ -639,11 +643,11 @@ async def aging_part(sizes: Sizes) -> dict[str, Any]:
 PARTS = ("chat", "aging")
 
 
-async def run(quick: bool, parts: Sequence[str] = PARTS) -> dict[str, Any]:
+async def run(quick: bool, parts: Sequence[str] = PARTS, preempt: bool = False) -> dict[str, Any]:
     sizes = Sizes.quick() if quick else Sizes.full()
     found: dict[str, Any] = {}
     if "chat" in parts:
-        found["chat"] = await chat_part(sizes)
+        found["chat"] = await chat_part(sizes, preempt=preempt)
     if "aging" in parts:
         found["aging"] = await aging_part(sizes)
     return found
@@ -786,9 +790,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m omni_trio.bench._priority")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--part", choices=PARTS, help="only this part")
+    parser.add_argument(
+        "--preempt",
+        action="store_true",
+        help="the prioritised server's thinker also preempts (llama_cpp(preempt=True))",
+    )
     args = parser.parse_args(argv)
     parts = PARTS if args.part is None else (args.part,)
-    print(json.dumps(trio.run(run, args.quick, parts)))
+    print(json.dumps(trio.run(run, args.quick, parts, args.preempt)))
 
 
 if __name__ == "__main__":
