@@ -108,40 +108,45 @@ class WaitList(Generic[T]):
     """Waiters in rank order (priority, aged; first come first served on a tie).
 
     ``remove`` is O(1) (the entry is skipped when it reaches the head); ``pop``
-    O(log n).
+    O(log n). The heap holds ``(rank, seq, waiter)``: tuples compare in C, and
+    ``seq`` is unique, so a waiter itself is never compared.
     """
 
-    __slots__ = ("_aging_s", "_count", "_heap", "_seq")
+    __slots__ = ("_aging_s", "_heap", "_seq", "count")
 
     def __init__(self, aging_s: float | None = DEFAULT_AGING_S) -> None:
         self._aging_s = check_aging(aging_s)
-        self._heap: list[Waiter[T]] = []
+        self._heap: list[tuple[float, int, Waiter[T]]] = []
         self._seq = itertools.count()
-        self._count = 0
+        #: Waiters waiting (``len()`` says it too).
+        self.count = 0
 
     @property
     def aging_s(self) -> float | None:
         return self._aging_s
 
     def __len__(self) -> int:
-        return self._count
+        return self.count
 
     def __iter__(self) -> Iterator[Waiter[T]]:
         """The live waiters, in no particular order."""
-        return (waiter for waiter in self._heap if waiter.waiting)
+        return (waiter for _, _, waiter in self._heap if waiter.waiting)
 
     def push(self, item: T, priority: int, now: float) -> Waiter[T]:
-        waiter = Waiter(item, priority, now, rank(priority, now, self._aging_s), next(self._seq))
-        heapq.heappush(self._heap, waiter)
-        self._count += 1
+        aging_s = self._aging_s
+        place = float(priority) if aging_s is None else priority + now / aging_s
+        seq = next(self._seq)
+        waiter = Waiter(item, priority, now, place, seq)
+        heapq.heappush(self._heap, (place, seq, waiter))
+        self.count += 1
         return waiter
 
     def peek(self) -> Waiter[T] | None:
         """The first waiter, left waiting; ``None`` when none waits."""
         heap = self._heap
-        while heap and not heap[0].waiting:
+        while heap and not heap[0][2].waiting:
             heapq.heappop(heap)
-        return heap[0] if heap else None
+        return heap[0][2] if heap else None
 
     def pop(self) -> Waiter[T]:
         """Take the first waiter. Raises ``IndexError`` when none waits."""
@@ -150,7 +155,7 @@ class WaitList(Generic[T]):
             raise IndexError("pop from an empty WaitList")
         heapq.heappop(self._heap)
         waiter.waiting = False
-        self._count -= 1
+        self.count -= 1
         return waiter
 
     def remove(self, waiter: Waiter[T]) -> bool:
@@ -158,14 +163,14 @@ class WaitList(Generic[T]):
         if not waiter.waiting:
             return False
         waiter.waiting = False
-        self._count -= 1
-        if not self._count:
+        self.count -= 1
+        if not self.count:
             self._heap.clear()
         return True
 
     def last(self) -> Waiter[T] | None:
         """The waiter that would go last (O(n)): what an overload sheds first."""
-        return max(self, default=None)
+        return max(self, key=lambda waiter: (waiter.rank, waiter.seq), default=None)
 
 
 class SlotTable(Generic[T]):
@@ -218,27 +223,25 @@ class SlotTable(Generic[T]):
         """Whether a request of ``priority`` may take a reserved slot."""
         return priority <= self.reserved_for
 
-    def _free_for(self, urgent: bool) -> bool:
-        free = self.total - self.in_use
-        return free > (0 if urgent else self.reserved)
-
     def available(self, priority: int) -> bool:
         """Whether a slot is free for ``priority`` with no waiter that could use it
         ahead: what :meth:`take` would take."""
-        urgent = self.urgent(priority)
-        return self._free_for(urgent) and not self._urgent and (urgent or not self._rest)
+        free = self.total - self.in_use
+        if priority <= self.reserved_for:
+            return free > 0 and not self._urgent.count
+        return free > self.reserved and not self._urgent.count and not self._rest.count
 
     def take(self, priority: int) -> bool:
         """Take a slot at once, if :meth:`available` (then :meth:`give_back` it
         later)."""
-        if not self.available(priority):
-            return False
-        self.in_use += 1
-        return True
+        if self.available(priority):
+            self.in_use += 1
+            return True
+        return False
 
     def wait(self, item: T, priority: int, now: float) -> Waiter[T]:
         """Queue ``item`` for a slot (after :meth:`take` said no)."""
-        queue = self._urgent if self.urgent(priority) else self._rest
+        queue = self._urgent if priority <= self.reserved_for else self._rest
         return queue.push(item, priority, now)
 
     def cancel(self, waiter: Waiter[T]) -> bool:
@@ -253,17 +256,24 @@ class SlotTable(Generic[T]):
         if self.in_use <= 0:
             raise RuntimeError("a slot was given back that was not taken")
         self.in_use -= 1
+        if not self._urgent.count and not self._rest.count:
+            return []  # (the common case: nobody waits)
         return self.grant()
 
     def grant(self) -> list[Waiter[T]]:
         """Hand free slots to the waiters that may take them, best first."""
         granted: list[Waiter[T]] = []
+        urgent_queue, rest_queue = self._urgent, self._rest
         while True:
-            urgent, rest = self._urgent.peek(), self._rest.peek()
-            if rest is not None and self._free_for(False) and (urgent is None or rest < urgent):
-                best = self._rest.pop()
-            elif urgent is not None and self._free_for(True):
-                best = self._urgent.pop()
+            free = self.total - self.in_use
+            if free <= 0:
+                return granted
+            urgent = urgent_queue.peek() if urgent_queue.count else None
+            rest = rest_queue.peek() if rest_queue.count and free > self.reserved else None
+            if rest is not None and (urgent is None or rest < urgent):
+                best = rest_queue.pop()
+            elif urgent is not None:
+                best = urgent_queue.pop()
             else:
                 return granted
             self.in_use += 1

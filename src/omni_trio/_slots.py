@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import attrs
 import trio
@@ -66,7 +67,7 @@ class PrioritySlots:
         reserved_for: int = -1,
         aging_s: float | None = DEFAULT_AGING_S,
     ) -> None:
-        self._table: SlotTable[trio.Event] = SlotTable(
+        self._table: SlotTable[trio.lowlevel.Task] = SlotTable(
             total, reserved=reserved, reserved_for=reserved_for, aging_s=aging_s
         )
 
@@ -99,20 +100,24 @@ class PrioritySlots:
             await trio.lowlevel.cancel_shielded_checkpoint()
             return 0.0
         arrived = trio.current_time()
-        granted = trio.Event()
-        waiter = table.wait(granted, priority, arrived)
-        try:
-            await granted.wait()
-        except BaseException:
-            if not table.cancel(waiter):  # a slot was handed to it meanwhile
-                self.release()
-            raise
+        waiter = table.wait(trio.lowlevel.current_task(), priority, arrived)
+
+        def abort(_: Any) -> trio.lowlevel.Abort:
+            # Still waiting: it leaves, holding nothing. Handed a slot already (and
+            # rescheduled): it holds the slot, and the cancellation comes next time.
+            return (
+                trio.lowlevel.Abort.SUCCEEDED
+                if table.cancel(waiter)
+                else trio.lowlevel.Abort.FAILED
+            )
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
         return trio.current_time() - arrived
 
     def release(self) -> None:
         """Give a slot back (to the first waiter that may take it)."""
         for waiter in self._table.give_back():
-            waiter.item.set()
+            trio.lowlevel.reschedule(waiter.item)  # it holds the slot from here
 
     @asynccontextmanager
     async def slot(self, priority: int = 0) -> AsyncIterator[float]:
