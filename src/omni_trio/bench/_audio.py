@@ -26,8 +26,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -37,6 +36,7 @@ from rich.table import Table
 
 from ._parts import importable, ms, run_part
 from ._process_report import show_met
+from ._served import served, summary
 
 __all__ = [
     "GOALS",
@@ -73,36 +73,6 @@ GOALS = {
 }
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def _summary(values: list[float]) -> dict[str, float]:
-    return {
-        "n": len(values),
-        "p50": statistics.median(values),
-        "p90": _percentile(values, 0.9),
-        "max": max(values),
-    }
-
-
-@asynccontextmanager
-async def _served(
-    name: str, config_changes: Callable[[Any], Any] | None = None
-) -> AsyncIterator[str]:
-    from ..config import shipped_pipeline
-    from ..serve import app_for_config, serve
-
-    config = shipped_pipeline(name)
-    if config_changes is not None:
-        config = config_changes(config)
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(partial(serve, app_for_config(config), port=0))
-        yield url
-        nursery.cancel_scope.cancel()
-
-
 async def _speak(http: Any, url: str, model: str) -> tuple[float, float, int]:
     """One streamed speech request: (seconds to its first byte, to its end, bytes)."""
     body = {"model": model, "input": TEXT, "voice": "alloy", "response_format": "pcm"}
@@ -135,7 +105,7 @@ async def _speech(quick: bool) -> dict[str, Any]:
     import httpx
 
     rounds = 3 if quick else 10
-    async with _served("speech") as url, httpx.AsyncClient(timeout=120) as http:
+    async with served("speech") as url, httpx.AsyncClient(timeout=120) as http:
         call = partial(_speak, http, url, "espeak-omni")
         await call()  # warm: each worker's first phrase
         idle = [await call() for _ in range(rounds)]
@@ -146,14 +116,14 @@ async def _speech(quick: bool) -> dict[str, Any]:
     return {
         "input_chars": len(TEXT),
         "idle": {
-            "first_byte": _summary([f for f, _, _ in idle]),
-            "total": _summary([t for _, t, _ in idle]),
+            "first_byte": summary([f for f, _, _ in idle]),
+            "total": summary([t for _, t, _ in idle]),
             "audio_seconds": statistics.median(audio_seconds),
             "rtf": statistics.median(
                 t / a for (_, t, _), a in zip(idle, audio_seconds, strict=True)
             ),
         },
-        "c8": {"first_byte": _summary([f for f, _, _ in c8])},
+        "c8": {"first_byte": summary([f for f, _, _ in c8])},
     }
 
 
@@ -167,7 +137,7 @@ async def _busy(quick: bool) -> dict[str, Any]:
     real = llm_missing() is None and voice_missing() is None
     name, model = ("assistant", "assistant") if real else ("speech", "espeak-omni")
     rounds = 3 if quick else 8
-    async with _served(name) as url, httpx.AsyncClient(timeout=300) as http:
+    async with served(name) as url, httpx.AsyncClient(timeout=300) as http:
         call = partial(_speak, http, url, model)
         await call()
         idle = [(await call())[0] for _ in range(rounds)]
@@ -192,8 +162,8 @@ async def _busy(quick: bool) -> dict[str, Any]:
     return {
         "pipeline": name,
         "thinker": "language model" if real else "simulated",
-        "idle": _summary(idle),
-        "busy": _summary(busy),
+        "idle": summary(idle),
+        "busy": summary(busy),
     }
 
 
@@ -211,7 +181,7 @@ async def _transcription(quick: bool) -> dict[str, Any] | None:
     wav = wav_bytes(pcm, speech.sample_rate)
     rounds = 2 if quick else 6
     times = []
-    async with _served("voice") as url, httpx.AsyncClient(timeout=120) as http:
+    async with served("voice") as url, httpx.AsyncClient(timeout=120) as http:
         for _ in range(rounds + 1):
             start = time.perf_counter()
             files = {"file": ("q.wav", wav)}
@@ -223,7 +193,7 @@ async def _transcription(quick: bool) -> dict[str, Any] | None:
     return {
         "audio_seconds": len(pcm) / 2 / speech.sample_rate,
         "text": response.json()["text"],
-        "seconds": _summary(times[1:]),  # the first warms Whisper
+        "seconds": summary(times[1:]),  # the first warms Whisper
     }
 
 
@@ -254,8 +224,8 @@ def print_audio_report(report: dict[str, Any], console: Console) -> None:
     for column in ("what", "p50 ms", "p90 ms", "n"):
         table.add_column(column, justify="left" if column == "what" else "right")
 
-    def row(what: str, summary: dict[str, float]) -> None:
-        table.add_row(what, ms(summary["p50"]), ms(summary["p90"]), str(summary["n"]))
+    def row(what: str, figures: dict[str, float]) -> None:
+        table.add_row(what, ms(figures["p50"]), ms(figures["p90"]), str(figures["n"]))
 
     chars = speech["input_chars"]
     row(f"speech, {chars} chars, pcm: first byte, alone", speech["idle"]["first_byte"])

@@ -48,9 +48,9 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from ._audio import _served, _summary
 from ._parts import importable, ms, run_part
 from ._process_report import show_met
+from ._served import served, summary
 
 __all__ = [
     "AGING_S",
@@ -389,7 +389,7 @@ async def _server_part(sizes: Sizes, *, prioritised: bool, preempt: bool = False
     spoken = spoken[offset // 2 :] + spoken[: offset // 2]
     said = iter(spoken)
 
-    async with _served("assistant", changes) as url, httpx.AsyncClient(timeout=600) as http:
+    async with served("assistant", changes) as url, httpx.AsyncClient(timeout=600) as http:
 
         async def chat(_: int) -> _Streamed:
             return await _stream(
@@ -424,15 +424,15 @@ async def _server_part(sizes: Sizes, *, prioritised: bool, preempt: bool = False
         "urgent_priority": urgent,
         "load_priority": load_priority,
         "chat": {
-            "idle": _summary(idle_chat),
-            "busy": _summary(busy_chat),
-            "busy_over_idle": _summary(busy_chat)["p50"] / _summary(idle_chat)["p50"],
+            "idle": summary(idle_chat),
+            "busy": summary(busy_chat),
+            "busy_over_idle": summary(busy_chat)["p50"] / summary(idle_chat)["p50"],
             "load_generating": chat_load,  # the load's chats generating as each was sent
         },
         "turn": {
-            "idle": _summary(idle_turn),
-            "busy": _summary(busy_turn),
-            "busy_over_idle": _summary(busy_turn)["p50"] / _summary(idle_turn)["p50"],
+            "idle": summary(idle_turn),
+            "busy": summary(busy_turn),
+            "busy_over_idle": summary(busy_turn)["p50"] / summary(idle_turn)["p50"],
             "load_generating": turn_load,
         },
         # the urgent requests' wait for a thinker slot under the load, as the thinker
@@ -611,9 +611,9 @@ async def _aging_run(sizes: Sizes, aging_s: float | None) -> dict[str, Any]:
         "low_rate": in_stream / sizes.stream_seconds,  # completed per second of the stream
         "high_rate": sum(r["answered"] <= sizes.stream_seconds for r in high)
         / sizes.stream_seconds,
-        "low_wait": _summary([r["waited"] for r in low]),  # at the device's slot
-        "low_first_output": _summary([r["answered"] - r["opened"] for r in low]),  # client
-        "high_wait": _summary([r["waited"] for r in high]),
+        "low_wait": summary([r["waited"] for r in low]),  # at the device's slot
+        "low_first_output": summary([r["answered"] - r["opened"] for r in low]),  # client
+        "high_wait": summary([r["waited"] for r in high]),
         **_judge(requests, aging_s, sizes.step_seconds),
     }
 
