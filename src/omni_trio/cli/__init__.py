@@ -15,13 +15,13 @@ import argparse
 from collections.abc import Sequence
 
 from .._runtime import exits_on_interrupt
-from . import bench, compare, demo, run, serve, simulate
+from . import bench, compare, demo, run, serve, simulate, talk
 from ._common import Parser, UsageError
 
 __all__ = ["main"]
 
 #: The commands, in the order ``--help`` lists them.
-_COMMANDS = (compare, bench, demo, run, serve, simulate)
+_COMMANDS = (compare, bench, demo, run, serve, simulate, talk)
 
 
 @exits_on_interrupt

@@ -18,9 +18,10 @@ class NotAudioError(ValueError):
     message says which."""
 
 
-def decode_audio(data: bytes, *, max_seconds: float) -> tuple[bytes, float]:
+def decode_audio(data: bytes, *, max_seconds: float, rate: int = HEARD_RATE) -> tuple[bytes, float]:
     """``data``, an audio file (WAV, MP3, Ogg, FLAC, M4A, WebM, ...), as 16-bit mono
-    little-endian PCM at :data:`HEARD_RATE` Hz, and its length in seconds.
+    little-endian PCM at ``rate`` Hz (:data:`HEARD_RATE`: Whisper's), and its length
+    in seconds.
 
     Raises:
       NotAudioError: FFmpeg finds no audio in it, cannot decode it, or it lasts
@@ -28,8 +29,8 @@ def decode_audio(data: bytes, *, max_seconds: float) -> tuple[bytes, float]:
     """
     import av
 
-    limit = int(max_seconds * HEARD_RATE)
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=HEARD_RATE)
+    limit = int(max_seconds * rate)
+    resampler = av.AudioResampler(format="s16", layout="mono", rate=rate)
     pieces: list[bytes] = []
     samples = 0
     try:
@@ -51,4 +52,4 @@ def decode_audio(data: bytes, *, max_seconds: float) -> tuple[bytes, float]:
         raise NotAudioError(f"the audio is longer than {max_seconds:g} s")
     if not samples:
         raise NotAudioError("the file holds no audio samples")
-    return b"".join(pieces), samples / HEARD_RATE
+    return b"".join(pieces), samples / rate
