@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -401,3 +402,33 @@ async def test_omni_trio_serve_voice_answers_a_realtime_session(tmp_path: Path) 
     assert (full["code"], full["event_id"]) == ("input_audio_buffer_full", "full")
     assert "1 s" in full["message"]
     assert "--realtime-max-buffer-seconds" in full["message"]
+
+
+async def test_omni_trio_talk_speaks_a_wav_to_the_voice_pipeline_and_hears_its_answer(
+    tmp_path: Path,
+) -> None:
+    """``omni-trio talk --wav`` as a user runs it, against the real voice pipeline:
+    an eSpeak NG question at 22,050 Hz (talk resamples it and adds the silence that
+    ends the turn, for the server's Silero detector), heard by Whisper, answered in
+    speech; the answer saved."""
+    from omni_trio._audio import wav_bytes
+
+    question = tmp_path / "question.wav"
+    question.write_bytes(wav_bytes(spoken(QUESTION, 22_050), 22_050))
+    answer = tmp_path / "answer.wav"
+    async with voice_server() as (url, _):
+        command = [sys.executable, "-m", "omni_trio", "talk", url, "--wav", str(question)]
+        done = await trio.run_process(
+            [*command, "--save", str(answer)],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    out = done.stdout.decode()
+    assert done.returncode == 0, done.stderr.decode()
+    you, assistant, saved = out.splitlines()
+    assert recall(QUESTION, you.split(": ", 1)[1]) >= 0.6, you
+    assert assistant.startswith("assistant (first audio ")
+    assert "You said" in assistant, assistant  # the simulated thinker quotes what it heard
+    assert saved.startswith(f"saved {answer} (")
+    assert answer.stat().st_size > 44
