@@ -839,3 +839,69 @@ async def test_a_response_runs_at_the_sessions_priority(
     assert events[-1]["response"]["status"] == "completed"
     assert requests
     assert {r.priority for r in requests} == {priority}
+
+
+async def test_a_turn_whose_audio_stops_mid_speech_is_committed_after_the_idle_timeout() -> None:
+    """A client that stops sending while its turn's speech goes on (a file with no
+    silence after it) is not waited for forever: after ``idle_timeout_ms`` without
+    audio the turn ends where its audio does, as OpenAI's API does it."""
+    options = RealtimeOptions(detector=LoudnessDetector)
+    async with realtime_server(options=options) as server:
+
+        def script(client: Client) -> list[dict]:
+            detection = {"type": "server_vad", "idle_timeout_ms": 300}
+            client.send(
+                "session.update",
+                session={"type": "realtime", "audio": {"input": {"turn_detection": detection}}},
+            )
+            updated = client.until("session.updated")
+            turn = updated["session"]["audio"]["input"]["turn_detection"]
+            assert turn["idle_timeout_ms"] == 300, turn
+            client.append(loud(600))  # and nothing more
+            began = time.monotonic()
+            client.until("input_audio_buffer.timeout_triggered")
+            waited = time.monotonic() - began
+            assert 0.25 < waited < 3.0, waited
+            client.until("response.done")
+            return client.events
+
+        events = await talk(server.ws_url(), script)
+    kinds = [e["type"] for e in events]
+    (timeout,) = [e for e in events if e["type"] == "input_audio_buffer.timeout_triggered"]
+    assert (timeout["audio_start_ms"], timeout["audio_end_ms"]) == (0, 600)
+    assert kinds.index("input_audio_buffer.speech_started") < kinds.index(
+        "input_audio_buffer.timeout_triggered"
+    )
+    assert kinds.index("input_audio_buffer.timeout_triggered") < kinds.index(
+        "input_audio_buffer.committed"
+    )
+    heard, text = heard_answer(events)
+    assert heard == "600 ms of audio"
+    assert text == "".join(answer_words(heard))
+    assert events[-1]["response"]["status"] == "completed"
+
+
+async def test_the_turns_idle_timeout_has_a_default_and_a_range() -> None:
+    options = RealtimeOptions(detector=LoudnessDetector)
+    async with realtime_server(options=options) as server:
+
+        def script(client: Client) -> tuple[dict, dict]:
+            client.send(
+                "session.update",
+                session={
+                    "type": "realtime",
+                    "audio": {"input": {"turn_detection": {"type": "server_vad"}}},
+                },
+            )
+            updated = client.until("session.updated")
+            detection = {"type": "server_vad", "idle_timeout_ms": 50}
+            client.send(
+                "session.update",
+                session={"type": "realtime", "audio": {"input": {"turn_detection": detection}}},
+            )
+            return updated, client.until("error")
+
+        updated, error = await talk(server.ws_url(), script)
+    assert updated["session"]["audio"]["input"]["turn_detection"]["idle_timeout_ms"] == 2000
+    assert "idle_timeout_ms" in error["error"]["param"]
+    assert "Expected `int` >= 100" in error["error"]["message"]

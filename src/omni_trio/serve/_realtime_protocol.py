@@ -112,7 +112,9 @@ class TurnDetection(msgspec.Struct, kw_only=True):
     silence_duration_ms: Annotated[int, msgspec.Meta(ge=1, le=10_000)] | None = None
     create_response: bool | None = None
     interrupt_response: bool | None = None
-    idle_timeout_ms: int | None = None  # accepted; the server's own idle timeout rules
+    #: A turn whose speech started and to which no audio came for this long is
+    #: committed (``input_audio_buffer.timeout_triggered``).
+    idle_timeout_ms: Annotated[int, msgspec.Meta(ge=100, le=60_000)] | None = None
 
 
 class AudioInput(msgspec.Struct, kw_only=True):

@@ -174,9 +174,18 @@ class Session:
             # start) is queued at once: a client that reads none of it is not read
             # from while the queue is over its bound.
             await self._outbox.wait_space()
-            with trio.move_on_after(options.idle_timeout) as idle:
+            timeout = options.idle_timeout
+            turn_timeout = self._state.turn_idle_timeout  # a turn in speech waits for audio
+            waits_for_turn = turn_timeout is not None and turn_timeout < timeout
+            if turn_timeout is not None and waits_for_turn:
+                timeout = turn_timeout
+            with trio.move_on_after(timeout) as idle:
                 message = await receive()
             if idle.cancelled_caught:
+                if waits_for_turn:
+                    self._state.turn_timed_out()
+                    self._apply()
+                    continue
                 if self._state.responses:  # one is streaming: the session is not idle
                     continue
                 await self._goodbye(

@@ -119,6 +119,12 @@ class Detector(Protocol):
     def reset(self) -> None: ...
 
 
+#: How long a turn whose speech started may go without audio before it is committed:
+#: a client that stops sending mid-speech (a file with no silence after it) is not
+#: waited for forever.
+DEFAULT_TURN_IDLE_TIMEOUT_MS = 2_000
+
+
 @attrs.define
 class _Turns:
     """The session's turn detection: server VAD's settings (``None``: manual)."""
@@ -128,6 +134,8 @@ class _Turns:
     silence_duration_ms: int = 500
     create_response: bool = True
     interrupt_response: bool = True
+    #: A turn in speech with no audio coming for this long is committed as it is.
+    idle_timeout_ms: int = DEFAULT_TURN_IDLE_TIMEOUT_MS
 
     def update(self, detection: TurnDetection) -> None:
         for name in (
@@ -136,13 +144,14 @@ class _Turns:
             "silence_duration_ms",
             "create_response",
             "interrupt_response",
+            "idle_timeout_ms",
         ):
             value = getattr(detection, name)
             if value is not None:
                 setattr(self, name, value)
 
     def view(self) -> dict[str, Any]:
-        return {"type": "server_vad", "idle_timeout_ms": None, **attrs.asdict(self)}
+        return {"type": "server_vad", **attrs.asdict(self)}
 
 
 class SessionState:
@@ -422,6 +431,36 @@ class SessionState:
                 self._promote(speculation)
             else:
                 self.response = self._start(turn, self._modality)
+
+    @property
+    def turn_idle_timeout(self) -> float | None:
+        """Seconds the session may wait for more audio before :meth:`turn_timed_out`:
+        while a turn's speech goes on under server VAD; else ``None``."""
+        turns = self._turns
+        if turns is None or self._turn is None:
+            return None
+        return turns.idle_timeout_ms / 1000
+
+    def turn_timed_out(self) -> None:
+        """No audio came for ``idle_timeout_ms`` while a turn's speech went on: the
+        turn ends where its audio does (``input_audio_buffer.timeout_triggered``),
+        and is committed and answered as one whose silence ended it."""
+        from ..speech import SpeechStopped
+
+        turn, turns = self._turn, self._turns
+        if turn is None or turns is None:
+            return
+        end = self._buffer.end_ms
+        self.trace("timeout_triggered", turn.id)
+        self._put(
+            "input_audio_buffer.timeout_triggered",
+            audio_start_ms=self._turn_start,
+            audio_end_ms=end,
+            item_id=turn.id,
+        )
+        if self._vad is not None:
+            self._vad.reset()
+        self._on_vad(SpeechStopped(end - self._vad_offset))
 
     def _forget_turn(self) -> None:
         self._drop_speculation()
