@@ -167,7 +167,10 @@ class RealtimeConnection:
                     return None
                 elif isinstance(event, BytesMessage):
                     continue  # the API sends none
-            data = await self._stream.receive_some(_READ)
+            try:
+                data = await self._stream.receive_some(_READ)
+            except (trio.BrokenResourceError, OSError) as exc:
+                data, self.closed = b"", f"the connection broke ({exc})"
             if not data:
                 self.closed = self.closed or "the connection closed"
                 return None
