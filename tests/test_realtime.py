@@ -641,7 +641,7 @@ async def test_speech_over_an_answer_cancels_it_and_nothing_of_it_follows() -> N
         def script(client: Client) -> list[dict]:
             client.append(loud(300) + quiet(600))
             client.until(DELTAS[0])
-            client.append(loud(200))  # the user talks over the answer
+            client.append(loud(800))  # the user talks over the answer (past interrupt_min_ms)
             done = client.until("response.done")
             assert done["response"]["status_details"]["reason"] == "turn_detected"
             client.append(quiet(600))  # the new turn ends: it is answered
@@ -905,3 +905,27 @@ async def test_the_turns_idle_timeout_has_a_default_and_a_range() -> None:
     assert updated["session"]["audio"]["input"]["turn_detection"]["idle_timeout_ms"] == 2000
     assert "idle_timeout_ms" in error["error"]["param"]
     assert "Expected `int` >= 100" in error["error"]["message"]
+
+
+async def test_a_backchannel_over_an_answer_does_not_interrupt_it() -> None:
+    """Speech over an answer shorter than ``interrupt_min_ms`` (500 ms by default):
+    a "yeah" or a cough. The answer goes on to its end, and no turn is made of it."""
+    options = RealtimeOptions(detector=LoudnessDetector)
+    async with realtime_server(options=options, word_seconds=0.05) as server:
+
+        def script(client: Client) -> list[dict]:
+            client.append(loud(300) + quiet(600))
+            client.until(DELTAS[0])
+            client.append(loud(250) + quiet(600))  # "yeah", over the answer
+            client.until("response.done")
+            time.sleep(0.3)  # nothing more comes of it
+            client.send("input_audio_buffer.clear")
+            client.until("input_audio_buffer.cleared")
+            return client.events
+
+        events = await talk(server.ws_url(), script)
+    kinds = [e["type"] for e in events]
+    assert kinds.count("input_audio_buffer.speech_started") == 1
+    assert kinds.count("response.created") == 1
+    (done,) = [e for e in events if e["type"] == "response.done"]
+    assert done["response"]["status"] == "completed"

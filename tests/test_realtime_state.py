@@ -294,7 +294,13 @@ def test_speech_over_an_answer_cancels_it_before_saying_so(interrupt):
         session={
             "type": "realtime",
             "audio": {
-                "input": {"turn_detection": {"type": "server_vad", "interrupt_response": interrupt}}
+                "input": {
+                    "turn_detection": {
+                        "type": "server_vad",
+                        "interrupt_response": interrupt,
+                        "interrupt_min_ms": 0,  # at once (the default waits: below)
+                    }
+                }
             },
         },
     )
@@ -310,6 +316,38 @@ def test_speech_over_an_answer_cancels_it_before_saying_so(interrupt):
     else:
         assert commands == ["input_audio_buffer.speech_started"]
         assert h.state.response is answer
+
+
+def test_speech_over_an_answer_interrupts_it_once_it_has_lasted_interrupt_min_ms():
+    """By default speech over an answer must last 500 ms before it interrupts: until
+    then the client hears nothing of it, and the answer goes on."""
+    h = Harness()
+    h.say("tell me a story")
+    answer = started(h.event("response.create"))
+    h.append()  # 0-100 ms: the detector is made
+    # to 200 ms: speech from 150 ms must last to 650 ms; with no silence said by 800
+    # ms (the detector says one 150 ms into it), it did
+    assert kinds(h.append(SpeechStarted(150))) == []
+    for _ in range(5):  # to 700 ms
+        assert kinds(h.append()) == []
+    assert answer.cancelled is None
+    assert kinds(h.append()) == ["cancel", "input_audio_buffer.speech_started"]  # 800 ms
+    assert answer.cancelled == "turn_detected"
+    stopped = kinds(h.append(SpeechStopped(900)))  # a turn: committed and answered
+    assert stopped[:2] == ["input_audio_buffer.speech_stopped", "input_audio_buffer.committed"]
+    assert "start" in stopped
+
+
+def test_a_backchannel_over_an_answer_is_dropped_and_the_answer_goes_on():
+    h = Harness()
+    h.say("tell me a story")
+    answer = started(h.event("response.create"))
+    h.append()
+    assert kinds(h.append(SpeechStarted(150))) == []  # "yeah": 250 ms of speech
+    assert kinds(h.append(SpeechStopped(400), SilenceStarted(400))) == []
+    assert answer.cancelled is None
+    assert h.state.response is answer
+    assert kinds(h.append(SpeechStopped(800))) == []  # no turn to end
 
 
 def test_clear_drops_the_turn_and_its_speculation():
@@ -344,6 +382,11 @@ def test_a_session_update_remakes_the_detector_with_its_settings():
 
 def test_cancel_all_cancels_every_response():
     h = Harness()
+    detection = {"type": "server_vad", "interrupt_min_ms": 0}
+    h.event(
+        "session.update",
+        session={"type": "realtime", "audio": {"input": {"turn_detection": detection}}},
+    )
     h.say("one")
     answer = started(h.event("response.create"))
     h.append()

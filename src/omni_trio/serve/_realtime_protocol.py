@@ -115,6 +115,9 @@ class TurnDetection(msgspec.Struct, kw_only=True):
     #: A turn whose speech started and to which no audio came for this long is
     #: committed (``input_audio_buffer.timeout_triggered``).
     idle_timeout_ms: Annotated[int, msgspec.Meta(ge=100, le=60_000)] | None = None
+    #: Ours: speech over an answer interrupts it once it has lasted this long;
+    #: shorter sounds (a backchannel, a cough) are dropped.
+    interrupt_min_ms: Annotated[int, msgspec.Meta(ge=0, le=10_000)] | None = None
 
 
 class AudioInput(msgspec.Struct, kw_only=True):

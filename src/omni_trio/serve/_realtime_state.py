@@ -123,6 +123,11 @@ class Detector(Protocol):
 #: a client that stops sending mid-speech (a file with no silence after it) is not
 #: waited for forever.
 DEFAULT_TURN_IDLE_TIMEOUT_MS = 2_000
+#: How long speech over an answer must last before it interrupts the answer: the
+#: server VAD hears eSpeak NG's backchannels ("yeah", "hmm", "right", "uh-huh",
+#: "ok") as 256 to 512 ms of speech, a real interruption as a second and more
+#: (docs/voice.md, "Interruptions").
+DEFAULT_INTERRUPT_MIN_MS = 500
 
 
 @attrs.define
@@ -136,6 +141,8 @@ class _Turns:
     interrupt_response: bool = True
     #: A turn in speech with no audio coming for this long is committed as it is.
     idle_timeout_ms: int = DEFAULT_TURN_IDLE_TIMEOUT_MS
+    #: Speech over an answer interrupts it once it has lasted this long (ms).
+    interrupt_min_ms: int = DEFAULT_INTERRUPT_MIN_MS
 
     def update(self, detection: TurnDetection) -> None:
         for name in (
@@ -145,6 +152,7 @@ class _Turns:
             "create_response",
             "interrupt_response",
             "idle_timeout_ms",
+            "interrupt_min_ms",
         ):
             value = getattr(detection, name)
             if value is not None:
@@ -184,6 +192,11 @@ class SessionState:
         self._vad_offset = 0  # the session's audio clock when the detector started
         self._turn: Item | None = None  # the user turn being spoken (server VAD)
         self._turn_start = 0
+        #: A turn begun over an answer, not yet long enough to interrupt it: the
+        #: session's audio time at which it will (``None``: no such turn).
+        self._pending: int | None = None
+        #: Where its silence began, if the detector has said (its speech may be over).
+        self._pending_silence: int | None = None
         #: The response answering now (not a speculation).
         self.response: Response | None = None
         self._speculation: Response | None = None
@@ -353,6 +366,7 @@ class SessionState:
             self._vad_offset = self._buffer.end_ms - len(event.pcm) // 48
         for happened in self._vad.feed(event.pcm):
             self._on_vad(happened)
+        self._heard_long_enough()
         if self._turn is None:  # between turns: keep no more than a turn's padding
             self._buffer.drop_before(self._buffer.end_ms - turns.prefix_padding_ms)
 
@@ -399,14 +413,24 @@ class SessionState:
             )
             self._turn = Item(self._conversation.new_id(), "user")
             self._turn_start = start
-            self.trace("speech_started", self._turn.id)
-            if turns.interrupt_response and self.response is not None:
-                self._cancel(self.response, "turn_detected")
-            self._put(
-                "input_audio_buffer.speech_started",
-                audio_start_ms=start,
-                item_id=self._turn.id,
-            )
+            if turns.interrupt_response and self.response is not None and turns.interrupt_min_ms:
+                # over an answer: it interrupts only once it has lasted long enough
+                self._pending = offset + happened.audio_start_ms + turns.interrupt_min_ms
+                self.trace("speech_pending", self._turn.id)
+                return
+            self._speech_started()
+        elif self._pending is not None:  # a turn over an answer, too short so far
+            if isinstance(happened, SilenceStarted):
+                self._pending_silence = offset + happened.audio_ms
+            elif isinstance(happened, SpeechResumed):
+                self._pending_silence = None
+            elif isinstance(happened, SpeechStopped) and self._turn is not None:
+                end = offset + happened.audio_end_ms
+                if end < self._pending and self.response is not None:
+                    self._backchannel(end)  # it did not last: the answer goes on
+                    return
+                self._speech_started()  # it did, or the answer ended meanwhile
+                self._on_vad(happened)
         elif isinstance(happened, SilenceStarted):
             if self._turn is not None:
                 self.trace("silence_started", self._turn.id)
@@ -431,6 +455,52 @@ class SessionState:
                 self._promote(speculation)
             else:
                 self.response = self._start(turn, self._modality)
+
+    def _speech_started(self) -> None:
+        """The turn is the user's: an answer it speaks over is interrupted, and the
+        client is told (``speech_started``)."""
+        turn, turns = self._turn, self._turns
+        assert turn is not None
+        assert turns is not None
+        self._pending = self._pending_silence = None
+        self.trace("speech_started", turn.id)
+        if turns.interrupt_response and self.response is not None:
+            self._cancel(self.response, "turn_detected")
+        self._put(
+            "input_audio_buffer.speech_started", audio_start_ms=self._turn_start, item_id=turn.id
+        )
+
+    def _backchannel(self, end: int) -> None:
+        """Speech over an answer stopped before ``interrupt_min_ms``: a backchannel,
+        a cough. It is dropped, unsaid: no turn, and the answer goes on."""
+        turn = self._turn
+        assert turn is not None
+        self.trace("backchannel", turn.id)
+        self._turn, self._pending, self._pending_silence = None, None, None
+        self._buffer.drop_before(end)
+
+    def _heard_long_enough(self) -> None:
+        """After an append: a pending turn whose speech went on past
+        ``interrupt_min_ms`` interrupts the answer now. The detector says a silence
+        began only once it has lasted a while (its speculation hint, or the whole
+        hangover without one), so the speech is known to have lasted only when the
+        audio has gone that much further with no silence said -- or a silence was
+        said that began after the bound."""
+        pending, turns = self._pending, self._turns
+        if pending is None or self._turn is None or turns is None:
+            return
+        silence = self._pending_silence
+        if silence is not None:
+            if silence >= pending:
+                self._speech_started()
+            return
+        lag = (
+            self._speculate_after(turns.silence_duration_ms)
+            if self._options.speculate
+            else turns.silence_duration_ms
+        )
+        if self._buffer.end_ms >= pending + lag:
+            self._speech_started()
 
     @property
     def turn_idle_timeout(self) -> float | None:
@@ -464,7 +534,7 @@ class SessionState:
 
     def _forget_turn(self) -> None:
         self._drop_speculation()
-        self._turn = None
+        self._turn, self._pending, self._pending_silence = None, None, None
 
     def _drop_speculation(self) -> None:
         speculation, self._speculation = self._speculation, None
