@@ -134,6 +134,7 @@ class WaitList(Generic[T]):
 
     def push(self, item: T, priority: int, now: float) -> Waiter[T]:
         aging_s = self._aging_s
+        # rank(), inlined: every waiting admission passes here
         place = float(priority) if aging_s is None else priority + now / aging_s
         seq = next(self._seq)
         waiter = Waiter(item, priority, now, place, seq)

@@ -50,6 +50,7 @@ from rich.table import Table
 
 from ._parts import importable, ms, run_part
 from ._process_report import show_met
+from ._replicas import DEVICE_TOML
 from ._served import served, summary
 
 __all__ = [
@@ -101,25 +102,6 @@ AGING_S = 0.25
 #: by microseconds: an overtaker this close to the window's edge is not counted late.
 CLOCK_SLACK = 1e-3
 
-DEVICE_TOML = """
-[pipeline]
-name = "bench-priority"
-async_chunk = true
-connector = "shm"
-
-[[stages]]
-stage_id = 0
-name = "host"
-engine = "omni_trio.bench._device:host"
-
-[[stages]]
-stage_id = 1
-name = "device"
-engine = "omni_trio.bench._device:device"
-engine_args = {{ step_seconds = {step_seconds}, batch = 1 }}
-prewarm_func = "omni_trio.bench._engines:same_input"
-final_output = true
-"""
 
 #: key -> (what, limit, at_most): the goals (``at_most``: the value must be <= the
 #: limit; else > it).
@@ -472,7 +454,9 @@ def device_config(step_seconds: float, aging_s: float | None) -> Any:
     slot aged by ``aging_s`` (``None``: strict priority)."""
     from ..config import parse_pipeline
 
-    config = parse_pipeline(DEVICE_TOML.format(step_seconds=step_seconds), source="bench priority")
+    # the replica bench's pipeline, one worker: the slot's queue is the one measured
+    toml = DEVICE_TOML.format(step_seconds=step_seconds, batch=1, replicas=1)
+    config = parse_pipeline(toml, source="bench priority")
     host, device = config.stages
     device = msgspec.structs.replace(
         device, engine_args={**device.engine_args, "priority_aging_s": aging_s}

@@ -15,6 +15,7 @@ voice``): at the pace of speech, they take minutes; and so do the language model
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import platform
@@ -29,11 +30,9 @@ from rich.console import Console
 from rich.table import Table
 
 from ._latency import LOADS
-from ._llm_report import print_llm_report, run_llm_bench
 from ._process_report import header, print_header, print_process_report, run_process_bench
 from ._ray_report import print_ray_report, ray_installed, run_ray_bench
 from ._replicas_report import print_replicas_report, run_replicas_bench
-from ._voice_report import print_voice_report, run_voice_bench
 
 __all__ = ["goals", "print_report", "run_bench"]
 
@@ -63,46 +62,46 @@ ROWS = [
 ]
 
 
+#: The families that only run alone (``--only NAME``), in the order a report prints
+#: them, and the module of each: its ``run_NAME_bench(quick=, console=)``,
+#: ``print_NAME_report(report, console)`` and ``NAME_missing()`` (what the family
+#: needs that is not installed, or ``None``).
+ALONE = {
+    "voice": "._voice_report",
+    "llm": "._llm_report",
+    "audio": "._audio",
+    "priority": "._priority",
+}
+
+
+def family(name: str, part: str) -> Any:
+    """The family ``name``'s function ``part`` (``"run"``, ``"print"`` or
+    ``"missing"``), imported on first use."""
+    module = importlib.import_module(ALONE[name], __package__)
+    attribute = {"run": f"run_{name}_bench", "print": f"print_{name}_report"}.get(
+        part, f"{name}_missing"
+    )
+    return getattr(module, attribute)
+
+
 def run_bench(*, quick: bool, command: str, only: str | None = None) -> dict[str, Any] | None:
     """Run the in-process scenarios, then the process scenarios, then the replica
     pools, then the Ray scenarios if Ray is installed (``only``: ``"inprocess"``,
     ``"process"``, ``"replicas"``, ``"ray"``, ``"voice"``, ``"llm"``, ``"audio"`` or
     ``"priority"``, just those);
     the report, or ``None`` if a run failed (its error output is printed)."""
-    if only in ("process", "replicas", "ray", "voice", "llm", "audio", "priority"):
+    if only in ("process", "replicas", "ray", *ALONE):
         report: dict[str, Any] | None = header(command=command, quick=quick)
     else:
         report = _run_inprocess(quick=quick, command=command)
     if report is None or only == "inprocess":
         return report
     console = Console(stderr=True)
-    if only == "voice":
-        voice = run_voice_bench(quick=quick, console=console)
-        if voice is None:
+    if only in ALONE:
+        part = family(only, "run")(quick=quick, console=console)
+        if part is None:
             return None
-        report["voice"] = voice
-        return report
-    if only == "audio":
-        from ._audio import run_audio_bench
-
-        audio = run_audio_bench(quick=quick, console=console)
-        if audio is None:
-            return None
-        report["audio"] = audio
-        return report
-    if only == "priority":
-        from ._priority import run_priority_bench
-
-        priority = run_priority_bench(quick=quick, console=console)
-        if priority is None:
-            return None
-        report["priority"] = priority
-        return report
-    if only == "llm":
-        llm = run_llm_bench(quick=quick, console=console)
-        if llm is None:
-            return None
-        report["llm"] = llm
+        report[only] = part
         return report
     if only in (None, "process"):
         process = run_process_bench(quick=quick, console=console)
@@ -218,8 +217,8 @@ def _format(value: float, kind: str) -> str:
 
 def print_report(report: dict[str, Any]) -> None:
     """The comparison table, then the goals; then the process scenarios', the replica
-    pools', the Ray scenarios', the voice scenarios' and the language model's (a
-    report may hold any part alone)."""
+    pools', the Ray scenarios', and each family of :data:`ALONE`'s (a report may hold
+    any part alone)."""
     if "results" in report:
         _print_inprocess(report)
     if "process" in report:
@@ -234,26 +233,13 @@ def print_report(report: dict[str, Any]) -> None:
         print_ray_report(report, Console())
     elif "ray_skipped" in report:
         Console().print(f"Ray scenarios skipped: {report['ray_skipped']}")
-    if "voice" in report:
-        if not {"results", "process", "replicas", "ray"} & report.keys():
-            print_header(report, Console())
-        print_voice_report(report, Console())
-    if "llm" in report:
-        if not {"results", "process", "replicas", "ray", "voice"} & report.keys():
-            print_header(report, Console())
-        print_llm_report(report, Console())
-    if "audio" in report:
-        from ._audio import print_audio_report
-
-        if not {"results", "process", "replicas", "ray", "voice", "llm"} & report.keys():
-            print_header(report, Console())
-        print_audio_report(report, Console())
-    if "priority" in report:
-        from ._priority import print_priority_report
-
-        if not {"results", "process", "replicas", "ray", "voice", "llm", "audio"} & report.keys():
-            print_header(report, Console())
-        print_priority_report(report, Console())
+    printed = {"results", "process", "replicas", "ray"} & report.keys()
+    for name in ALONE:
+        if name in report:
+            if not printed:
+                print_header(report, Console())
+            family(name, "print")(report, Console())
+            printed.add(name)
 
 
 def _print_inprocess(report: dict[str, Any]) -> None:

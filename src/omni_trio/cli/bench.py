@@ -66,30 +66,13 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(
             "--only ray needs Ray, which is not installed: pip install 'omni-trio[ray]'"
         )
-    if args.only == "voice" and args.from_file is None:
-        from ..bench._voice_report import voice_missing
+    if args.from_file is None:
+        from ..bench._report import ALONE, family
 
-        missing = voice_missing()
-        if missing is not None:
-            raise UsageError(f"--only voice: {missing}")
-    if args.only == "llm" and args.from_file is None:
-        from ..bench._llm_report import llm_missing
-
-        missing = llm_missing()
-        if missing is not None:
-            raise UsageError(f"--only llm: {missing}")
-    if args.only == "audio" and args.from_file is None:
-        from ..bench._audio import audio_missing
-
-        missing = audio_missing()
-        if missing is not None:
-            raise UsageError(f"--only audio: {missing}")
-    if args.only == "priority" and args.from_file is None:
-        from ..bench._priority import priority_missing
-
-        missing = priority_missing()
-        if missing is not None:
-            raise UsageError(f"--only priority: {missing}")
+        if args.only in ALONE:
+            missing = family(args.only, "missing")()
+            if missing is not None:
+                raise UsageError(f"--only {args.only}: {missing}")
     if args.from_file is not None:
         try:
             with open(args.from_file) as saved:

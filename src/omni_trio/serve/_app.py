@@ -26,7 +26,7 @@ from ._body import DEFAULT_MAX_REQUEST_BYTES, read_body, refuse
 from ._chat import ChatResponse, send_json
 from ._metrics import CONTENT_TYPE
 from ._model import ServedModel
-from ._protocol import Model, ModelList, OpenAIError, decode_request, encode
+from ._protocol import Model, ModelList, OpenAIError, check_model, decode_request, encode
 from ._realtime import RealtimeEndpoint, RealtimeOptions
 from ._response import EndpointResponse
 from ._speech import SpeechResponse, plan_speech
@@ -169,14 +169,7 @@ def create_app(
 
     def _plan(body: bytes) -> Plan:
         chat_request = decode_request(body)
-        if chat_request.model != model.name:
-            raise OpenAIError(
-                404,
-                f"the model {chat_request.model!r} does not exist: this server "
-                f"serves {model.name!r}",
-                param="model",
-                code="model_not_found",
-            )
+        check_model(chat_request.model, model.name)
         outputs = model.select(chat_request.modalities)
         return Plan.of(
             chat_request,

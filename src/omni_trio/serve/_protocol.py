@@ -94,6 +94,28 @@ def unavailable(message: str, code: str = "server_unavailable") -> OpenAIError:
     return OpenAIError(503, message, type="server_error", code=code)
 
 
+def check_model(asked: str, served: str) -> None:
+    """A request's ``model`` against the one the server serves.
+
+    Raises:
+      OpenAIError: 404 ``model_not_found``, naming both.
+    """
+    if asked != served:
+        raise OpenAIError(
+            404,
+            f"the model {asked!r} does not exist: this server serves {served!r}",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def not_served(model: str, endpoint: str, why: str) -> OpenAIError:
+    """The 404 for an endpoint ``model``'s pipeline cannot serve, saying ``why``."""
+    return OpenAIError(
+        404, f"model {model!r} does not serve {endpoint}: {why}", code="endpoint_not_served"
+    )
+
+
 class ErrorBody(msgspec.Struct):
     message: str
     type: str

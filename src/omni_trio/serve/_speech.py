@@ -27,7 +27,15 @@ import trio
 from ..speech._voices import MAX_SPEED, MIN_SPEED, VOICES, say
 from ._answer import Plan
 from ._audio_out import AUDIO_FORMATS, MEDIA_TYPES, AudioEncoder
-from ._protocol import OpenAIError, Priority, decode_body, encode, unavailable
+from ._protocol import (
+    OpenAIError,
+    Priority,
+    check_model,
+    decode_body,
+    encode,
+    not_served,
+    unavailable,
+)
 from ._response import SSE_HEADERS, EndpointResponse
 
 if TYPE_CHECKING:
@@ -130,21 +138,14 @@ def plan_speech(body: bytes, model: ServedModel) -> SpeechPlan:
           a field is wrong (named in ``param``).
     """
     request = decode_body(_decoder, body)
-    if request.model != model.name:
-        raise OpenAIError(
-            404,
-            f"the model {request.model!r} does not exist: this server serves {model.name!r}",
-            param="model",
-            code="model_not_found",
-        )
+    check_model(request.model, model.name)
     route = model.speech
     if route is None:
-        raise OpenAIError(
-            404,
-            f"model {model.name!r} does not serve /v1/audio/speech: its pipeline has no "
-            "stage that speaks its text output (a talker reading the text, on the way "
-            "to an audio output)",
-            code="endpoint_not_served",
+        raise not_served(
+            model.name,
+            "/v1/audio/speech",
+            "its pipeline has no stage that speaks its text output (a talker reading "
+            "the text, on the way to an audio output)",
         )
     text = request.input
     if not text.strip():

@@ -27,7 +27,7 @@ from starlette.requests import Request
 
 from .._priority import PRIORITY_MAX, PRIORITY_MIN, check_priority
 from ._audio_in import HEARD_RATE, NotAudioError, decode_audio
-from ._protocol import OpenAIError, encode, unavailable
+from ._protocol import OpenAIError, check_model, encode, not_served, unavailable
 from ._response import SSE_HEADERS, EndpointResponse, send_json
 
 if TYPE_CHECKING:
@@ -109,20 +109,11 @@ async def plan_transcription(
         name = fields.get("model")
         if name is None:
             raise OpenAIError(400, "model: a required field", param="model")
-        if name != model.name:
-            raise OpenAIError(
-                404,
-                f"the model {name!r} does not exist: this server serves {model.name!r}",
-                param="model",
-                code="model_not_found",
-            )
+        check_model(name, model.name)
         hearing = model.hearing
         if hearing is None:
-            raise OpenAIError(
-                404,
-                f"model {model.name!r} does not serve /v1/audio/transcriptions: its pipeline "
-                "has no listening stage",
-                code="endpoint_not_served",
+            raise not_served(
+                model.name, "/v1/audio/transcriptions", "its pipeline has no listening stage"
             )
         settings: dict[str, Any] = {}
         if (language := fields.get("language")) is not None:
