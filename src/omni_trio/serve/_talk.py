@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 import trio
@@ -121,7 +122,7 @@ async def talk(
             now = trio.current_time()
             since = None if ended is None else now - ended
             if kind == "error":
-                raise ClientError(f"the server said: {event['error'].get('message')}")
+                raise await _refused(ws, event)
             if kind == "input_audio_buffer.speech_stopped":
                 ended = now
             elif kind == "conversation.item.input_audio_transcription.completed":
@@ -154,9 +155,20 @@ async def _expect(ws: RealtimeConnection, kind: str) -> None:
     if event is None:
         raise ClientError(f"the server closed the session: {ws.closed}")
     if event.get("type") == "error":
-        raise ClientError(f"the server said: {event['error'].get('message')}")
+        raise await _refused(ws, event)
     if event.get("type") != kind:
         raise ClientError(f"the server sent {event.get('type')!r}, not {kind!r}")
+
+
+async def _refused(ws: RealtimeConnection, event: dict[str, Any]) -> ClientError:
+    """The server's ``error``, to raise -- once the session's close that may follow
+    it has come (for a second at most): a client that closes while the server
+    closes makes Hypercorn's reader and the app's task write to the socket at
+    once, which Trio refuses (``BusyResourceError``)."""
+    with trio.move_on_after(1):
+        while await ws.receive() is not None:
+            pass
+    return ClientError(f"the server said: {event['error'].get('message')}")
 
 
 def _quoted(text: str) -> str:
