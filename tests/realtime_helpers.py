@@ -29,7 +29,14 @@ import trio
 from websockets.sync.client import ClientConnection, connect
 
 from omni_trio import open_orchestrator
-from omni_trio.serve import FinalOutput, RealtimeOptions, ServedModel, create_app, serve
+from omni_trio.serve import (
+    FinalOutput,
+    RealtimeOptions,
+    ServedModel,
+    SpeechRoute,
+    create_app,
+    serve,
+)
 from omni_trio.testing import ScriptedStage
 
 MODEL = "omni-listening-scripted"
@@ -136,6 +143,7 @@ async def realtime_server(
     options: RealtimeOptions | None = None,
     word_seconds: float = 0.0,
     outputs: tuple[FinalOutput, ...] = (HEARD, TEXT, AUDIO),
+    speech: SpeechRoute | None = None,
 ) -> AsyncIterator[RealtimeServer]:
     async with trio.open_nursery() as nursery:
         script = Script(nursery, word_seconds)
@@ -149,7 +157,8 @@ async def realtime_server(
             ) as orchestrator:
                 yield attrs.make_class("P", ["orchestrator", "stages"])(orchestrator, script.stages)
 
-        app = create_app(ServedModel(MODEL, outputs), open_pipeline, realtime=options)
+        model = ServedModel(MODEL, outputs, speech=speech)
+        app = create_app(model, open_pipeline, realtime=options)
         url = await nursery.start(partial(serve, app, port=0))
         yield RealtimeServer(url, script, app)
         nursery.cancel_scope.cancel()

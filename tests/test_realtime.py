@@ -162,6 +162,9 @@ async def test_the_conversation_is_the_context_and_truncation_cuts_it() -> None:
             )
             truncated = client.until("conversation.item.truncated")
             assert truncated["item_id"] == item
+            # ours: what the answer says now, so a client can show it
+            said = "".join(answer_words("first")).split()[: WORDS // 4]
+            assert truncated["transcript"] == " ".join(said)
             answer(client, "second")
 
         await talk(server.ws_url(), script)

@@ -33,7 +33,7 @@ import attrs
 from .._checks import check_positive_int, check_seconds
 from .._priority import check_priority
 from ._protocol import OpenAIError, encode
-from ._realtime_protocol import RealtimeError
+from ._realtime_protocol import RealtimeError, ServerEvents
 from ._realtime_session import Session
 
 if TYPE_CHECKING:
@@ -45,6 +45,10 @@ if TYPE_CHECKING:
     from ._state import ServerState
 
 __all__ = ["RealtimeEndpoint", "RealtimeOptions"]
+
+#: The longest close reason a WebSocket frame carries, in bytes (RFC 6455: 125, of
+#: which 2 are the code).
+_MAX_REASON = 123
 
 
 def _positive_seconds(name: str) -> Callable[[Any, Any, Any], None]:
@@ -200,8 +204,20 @@ def _sessions(count: int) -> str:
 
 
 async def _deny(scope: Scope, send: Send, status: int, message: str) -> None:
-    """Refuse an upgrade with an HTTP status (where the server can), else close."""
-    if "websocket.http.response" in scope.get("extensions", {}):
+    """Refuse an upgrade with an HTTP status (where the server can), else close.
+
+    A browser (its upgrade carries an ``Origin``) cannot read a refused upgrade's
+    status or body: it is accepted instead, told ``message`` in an ``error`` event,
+    and closed with code 1013 ("try again later") and the message as the reason.
+    """
+    headers = dict(scope.get("headers", ()))
+    if b"origin" in headers:
+        await send({"type": "websocket.accept"})
+        error = RealtimeError(message, code="server_overloaded", type="server_error")
+        await send({"type": "websocket.send", "text": ServerEvents("refused_").error(error)})
+        reason = message.encode()[:_MAX_REASON].decode(errors="ignore")
+        await send({"type": "websocket.close", "code": 1013, "reason": reason})
+    elif "websocket.http.response" in scope.get("extensions", {}):
         body = OpenAIError(status, message, type="server_error", code="server_overloaded")
         data = encode(body.body())
         await send(

@@ -203,6 +203,8 @@ class SessionState:
         #: Every response not yet ended and told.
         self.responses: set[Response] = set()
         self._instructions = ""
+        #: The answers' voice (``audio.output.voice``; ``None``: the talker's own).
+        self._voice: str | None = None
         self._ids = 0
         self._commands: list[Command] = []
 
@@ -244,6 +246,7 @@ class SessionState:
                 item_id=item.id,
                 content_index=event.content_index,
                 audio_end_ms=event.audio_end_ms,
+                transcript=item.text or "",  # ours: what the answer now says
             )
         elif isinstance(event, ResponseCreate):
             self._create_response(event)
@@ -312,7 +315,7 @@ class SessionState:
                     **audio,
                     "turn_detection": None if self._turns is None else self._turns.view(),
                 },
-                "output": {**audio, "voice": None},
+                "output": {**audio, "voice": self._voice},
             },
         }
 
@@ -329,6 +332,10 @@ class SessionState:
             self._modality = wanted
         if session.instructions is not UNSET:
             self._instructions = session.instructions
+        if session.audio is not UNSET and session.audio.output is not UNSET:
+            voice = session.audio.output.voice
+            if voice is not UNSET:
+                self._voice = self._check_voice(voice, event.event_id)
         if session.audio is not UNSET and session.audio.input is not UNSET:
             detection = session.audio.input.turn_detection
             if detection is None:
@@ -342,6 +349,23 @@ class SessionState:
                 self._forget_turn()
                 self._vad = None  # made again, with these settings, at the next append
         self._put("session.updated", session=self._view())
+
+    def _check_voice(self, voice: str, event_id: str | None) -> str | None:
+        """The voice the answers will speak in: ``voice`` where the model speaks
+        (one of OpenAI's voices or eSpeak NG's), else ``None`` (accepted, unused)."""
+        if self._model.speech is None:
+            return None
+        from ..speech._voices import VOICES
+        from ._speech import knows_voice
+
+        if voice not in VOICES and not knows_voice(voice):
+            raise RealtimeError(
+                f"session.audio.output.voice: unknown voice {voice!r}: the voices are "
+                f"{', '.join(sorted(VOICES))}, or an eSpeak NG voice's name",
+                event_id=event_id,
+                param="session.audio.output.voice",
+            )
+        return voice
 
     def _hearing(self, event_id: str | None, param: str) -> FinalOutput:
         hearing = self._model.hearing
@@ -665,6 +689,15 @@ class SessionState:
         if not held:
             self._announce(response)
         prompt = self._prompt(turn, self._instructions if instructions is None else instructions)
+        if modality == "audio" and self._voice is not None:
+            from ..speech._voices import settings
+
+            asked = settings(self._voice)
+            prompt = (
+                {**prompt, "speech": asked}
+                if isinstance(prompt, dict)
+                else {"text": prompt, "speech": asked}
+            )
         self._commands.append(Start(response, prompt))
         return response
 
