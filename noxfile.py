@@ -1,6 +1,6 @@
 """Tasks: ``nox`` runs the tests and the asyncio/Trio comparison on every supported
-Python, the voice, language model and Ray backend's tests on one, then lint,
-typecheck and docs.
+Python, the voice, voice page (in Chromium), language model and Ray backend's tests
+on one, then lint, typecheck and docs.
 
 ``nox -s demo`` runs the main job. Sessions use uv when it is installed.
 """
@@ -12,6 +12,7 @@ import shutil
 import subprocess
 
 import nox
+from nox.command import CommandFailed
 
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 #: The Python that runs the soak, the stress tests and the property tests at full
@@ -37,7 +38,17 @@ PARALLEL = ["-n", str(min(_cores() + 1, 4))]
 LINTED = ["src", "tests", "examples", "tools", "docs/conf.py", "noxfile.py"]
 
 nox.options.default_venv_backend = "uv|virtualenv"
-nox.options.sessions = ["tests", "voice", "llm", "ray", "compare", "lint", "typecheck", "docs"]
+nox.options.sessions = [
+    "tests",
+    "voice",
+    "page",
+    "llm",
+    "ray",
+    "compare",
+    "lint",
+    "typecheck",
+    "docs",
+]
 nox.options.error_on_external_run = True
 
 
@@ -114,6 +125,37 @@ def voice(session: nox.Session) -> None:
     session.install("-e", ".[test,serve,voice,plot]")
     env = {"OMNI_TRIO_REQUIRE_VOICE": "1"}
     session.run("pytest", *PARALLEL, *VOICE_TESTS, *session.posargs, env=env)
+
+
+#: Debian's packages of the browser the page's tests drive (Playwright's and Selenium's
+#: own downloads are out of reach; these come from the OS's registry).
+BROWSER_PACKAGES = ["chromium", "chromium-driver"]
+
+
+def _install_browser(session: nox.Session) -> None:
+    """Debian's Chromium and ChromeDriver, with apt-get, where they are missing."""
+    if shutil.which("chromium") and shutil.which("chromedriver"):
+        return
+    apt = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *BROWSER_PACKAGES]
+    if os.geteuid() != 0:  # not root: apt-get needs sudo
+        apt.insert(0, "sudo")
+    try:
+        session.run(*apt, external=True)
+    except CommandFailed:  # a fresh machine's package lists may be empty
+        session.run(*apt[: apt.index("install")], "update", "-q", external=True)
+        session.run(*apt, external=True)
+
+
+@nox.session(python="3.11")
+def page(session: nox.Session) -> None:
+    """The voice page (``/`` of ``omni-trio serve``) in a real headless Chromium whose
+    microphone is a WAV file of eSpeak NG: Debian's chromium and chromium-driver
+    (installed with apt-get if missing), Selenium, the voice extra. The other
+    sessions skip these tests."""
+    _install_browser(session)
+    session.install("-e", ".[test,serve,voice]", "selenium>=4.20")
+    env = {"OMNI_TRIO_REQUIRE_VOICE": "1", "OMNI_TRIO_REQUIRE_BROWSER": "1"}
+    session.run("pytest", *PARALLEL, "tests/test_page.py", *session.posargs, env=env)
 
 
 #: The language model's tests: SmolLM2-135M on llama.cpp, as a stage, in the demo, in

@@ -36,7 +36,8 @@ def add_parser(commands: Commands) -> None:
         "serve",
         help="an OpenAI-compatible streaming server for a pipeline (the serve extra)",
         description="Serve PIPELINE (a TOML config, or a shipped one: 'demo', the default, "
-        "'speech' or 'voice') over HTTP: "
+        "'speech', 'voice' or 'assistant') over HTTP: GET / (a voice page to talk to it "
+        "in a browser), "
         "POST /v1/chat/completions (streamed or not, text and audio), the Realtime API's "
         "WebSocket /v1/realtime (voice in and out, barge-in), POST /v1/audio/speech "
         "(a pipeline with a talker), POST /v1/audio/transcriptions (one that listens), "

@@ -26,6 +26,7 @@ from ._body import DEFAULT_MAX_REQUEST_BYTES, read_body, refuse
 from ._chat import ChatResponse, send_json
 from ._metrics import CONTENT_TYPE
 from ._model import ServedModel
+from ._page import page_routes
 from ._protocol import Model, ModelList, OpenAIError, check_model, decode_request, encode
 from ._realtime import RealtimeEndpoint, RealtimeOptions
 from ._response import EndpointResponse
@@ -203,6 +204,7 @@ def create_app(
             Route(_CHAT_PATH, chat, methods=["POST"]),  # what _ChatFirst does not take
             Route("/v1/audio/speech", speech, methods=["POST"]),
             Route("/v1/audio/transcriptions", transcription, methods=["POST"]),
+            *page_routes(model, state.realtime.options),
         ],
         lifespan=lifespan,
     )
