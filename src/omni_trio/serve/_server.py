@@ -10,9 +10,11 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from functools import partial
 
+import hypercorn.trio.run
 import trio
 from hypercorn.config import Config, Sockets
 from hypercorn.trio.run import worker_serve
+from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.utils import LifespanFailureError, wrap_app
 from starlette.applications import Starlette
 
@@ -101,6 +103,7 @@ async def serve(
     trigger = None if stopping is None else partial(_drain, state, stopping, shutdown_grace)
     try:
         with unwrap_single_exception(), ExitStack() as serving:
+            serving.enter_context(_guarded_connections())
             async with trio.open_nursery() as nursery:
                 urls = await nursery.start(
                     partial(
@@ -136,6 +139,97 @@ def _listening(config: Config, write_timeout: float) -> Sockets:
             sock.setsockopt(socket.IPPROTO_TCP, option, round(write_timeout * 1000))
         sock.listen(config.backlog)
     return sockets
+
+
+class _Connection(TCPServer):
+    """Hypercorn's connection (its Trio worker's ``TCPServer``), safe when a client
+    closes while the server writes or closes.
+
+    Hypercorn writes a connection's bytes under its ``send_lock`` but closes it
+    (``_close``: ``send_eof``, then ``aclose``) without the lock. Trio counts
+    ``send_eof`` as a write and holds the stream's one-writer check across a
+    checkpoint: a write from another task in that step raises
+    ``trio.BusyResourceError`` -- the reader answering the client's Close frame, say,
+    while the app's task (its app returned) closes the connection. Hypercorn let
+    that error out of the connection into its listener's nursery, which ended
+    ``serve`` for every client. Here the close takes the lock too, and an error of
+    one connection is logged and closes that connection alone.
+    """
+
+    async def run(self) -> None:
+        try:
+            await super().run()
+        except Exception as exc:
+            await self._failed(exc)
+        except BaseExceptionGroup as group:  # errors, or none, beside a cancellation
+            errors, rest = group.split(Exception)
+            if errors is None:
+                raise
+            await self._failed(errors)
+            if rest is not None:
+                raise rest from None
+
+    async def _failed(self, error: Exception) -> None:
+        """What escaped the connection (a bug in Hypercorn, or below it): logged, and
+        the connection closed; the server goes on."""
+        client = getattr(getattr(self, "protocol", None), "client", None)  # set by run()
+        logger.error(
+            "the connection of client %s failed: closed it (the server goes on)",
+            client,
+            exc_info=error,
+        )
+        await trio.aclose_forcefully(self.stream)
+
+    async def _close(self) -> None:
+        """Hypercorn's close (``send_eof``, ``aclose``), under the write lock."""
+        lock = self.send_lock
+        if lock.statistics().owner is trio.lowlevel.current_task():
+            await super()._close()  # closing from its own write: no other is under way
+            return
+        try:
+            lock.acquire_nowait()
+        except trio.WouldBlock:
+            # A write is under way or waits its turn, perhaps on a client that reads
+            # nothing (up to write_timeout): close now, without the EOF, as Hypercorn
+            # does when it finds the stream busy. The write gets ClosedResourceError,
+            # which Hypercorn takes for the connection's end.
+            await self.stream.aclose()
+            return
+        try:
+            await super()._close()
+        finally:
+            lock.release()
+
+
+_guarded = 0  # servers running in this process that guard their connections
+_hypercorns_connection: type[TCPServer] = TCPServer
+#: The names of Hypercorn's Trio worker's module, where ``worker_serve`` finds its
+#: connection class.
+_WORKER = vars(hypercorn.trio.run)
+
+
+@contextmanager
+def _guarded_connections() -> Iterator[None]:
+    """While a server runs, Hypercorn's Trio worker makes each connection a
+    :class:`_Connection`.
+
+    ``worker_serve`` offers no choice of the class: it makes its connections with
+    the name ``TCPServer`` of its module, so that name is :class:`_Connection` while
+    any server of this process runs, and Hypercorn's own again once the last stops.
+    (Another Hypercorn server run in this process meanwhile gets it too: it only
+    serializes a connection's writes and keeps one connection's error to itself.)
+    """
+    global _guarded, _hypercorns_connection
+    if not _guarded:
+        _hypercorns_connection = _WORKER["TCPServer"]
+        _WORKER["TCPServer"] = _Connection
+    _guarded += 1
+    try:
+        yield
+    finally:
+        _guarded -= 1
+        if not _guarded:
+            _WORKER["TCPServer"] = _hypercorns_connection
 
 
 _steady = 0  # servers running in this process (tests run several)
