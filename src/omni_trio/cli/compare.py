@@ -1,5 +1,5 @@
 """``omni-trio compare``: the cancellation scenarios on asyncio and on Trio, side by
-side."""
+side (and on the plain asyncio design, for the scenarios that run it too)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,13 @@ def _compare(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.text import Text
 
-    from ..compare.scenarios import SCENARIOS, expected_verdicts, run_scenario
+    from ..compare.scenarios import (
+        SCENARIOS,
+        expected_plain_verdict,
+        expected_verdicts,
+        run_plain,
+        run_scenario,
+    )
 
     scenarios = [s for s in SCENARIOS if not args.k or args.k in s.key]
     rows: list[dict[str, Any]] = []
@@ -50,7 +56,10 @@ def _compare(args: argparse.Namespace) -> int:
         if scenario not in scenarios:
             continue
         on_asyncio, on_trio = run_scenario(scenario)
-        expected = expected_verdicts(scenario.key)
+        on_plain = run_plain(scenario)  # None: the scenario has no third run
+        plain_verdict = None if on_plain is None else on_plain.verdict
+        observed = (on_asyncio.verdict, on_trio.verdict, plain_verdict)
+        expected = (*expected_verdicts(scenario.key), expected_plain_verdict(scenario.key))
         rows.append(
             {
                 "number": number,
@@ -58,8 +67,11 @@ def _compare(args: argparse.Namespace) -> int:
                 "title": scenario.title,
                 "asyncio": {"verdict": on_asyncio.verdict, "detail": on_asyncio.detail},
                 "trio": {"verdict": on_trio.verdict, "detail": on_trio.detail},
-                "same": on_asyncio.verdict == on_trio.verdict,
-                "as_documented": (on_asyncio.verdict, on_trio.verdict) == expected,
+                "asyncio-plain": None
+                if on_plain is None
+                else {"verdict": on_plain.verdict, "detail": on_plain.detail},
+                "same": len({v for v in observed if v is not None}) == 1,
+                "as_documented": observed == expected,
             }
         )
     versions = {
@@ -91,16 +103,23 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _scenario_view(row: dict[str, Any]) -> Table:
-    """One scenario, then one row per framework: it fits 80 columns, and a word longer
-    than its column is folded, never cut with an ellipsis."""
+    """One scenario, then one row per framework (and one for the plain asyncio design
+    when it ran): it fits 80 columns, and a word longer than its column is folded,
+    never cut with an ellipsis."""
     from rich.table import Table
     from rich.text import Text
 
     outcomes = Table.grid(padding=(0, 1))
     outcomes.add_column(no_wrap=True)
     outcomes.add_column(overflow="fold")
-    for label, key in (("asyncio", "asyncio"), ("Trio", "trio")):
+    for label, key in (
+        ("asyncio", "asyncio"),
+        ("Trio", "trio"),
+        ("asyncio-plain", "asyncio-plain"),
+    ):
         outcome = row[key]
+        if outcome is None:
+            continue
         outcomes.add_row(
             f"{label}:", Text.assemble((outcome["verdict"], "bold"), "\n", outcome["detail"])
         )

@@ -4,7 +4,9 @@
 orchestrator (the design of the specification this project reimplements, "the
 seed", driving the same sans-IO core);
 :mod:`omni_trio.compare.asyncio_testing` its test kit; ``omni-trio compare`` runs the
-cancellation scenarios of :mod:`omni_trio.compare.scenarios` on both frameworks.
+cancellation scenarios of :mod:`omni_trio.compare.scenarios` on both frameworks, and
+the barge-in (:mod:`omni_trio.compare.barge_in`) on the plain asyncio design
+(:mod:`omni_trio.compare.plain_asyncio`) too.
 """
 
 from typing import TYPE_CHECKING

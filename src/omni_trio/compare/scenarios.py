@@ -4,6 +4,9 @@ Every scenario is a small, runnable piece of orchestrator life -- a stage cleani
 up, a reader, a request task, a consumer leaving its stream -- written the natural
 way in each framework. Running it yields an :class:`Outcome` per framework: a short
 ``verdict`` (compared across frameworks: same or different) and what was observed.
+A scenario that runs orchestrators may run the plain asyncio design as well
+(:attr:`Scenario.run_plain`, a third column): ``barge-in``, whose code is
+:mod:`omni_trio.compare.barge_in`.
 ``EXPECTED`` records the documented verdicts, per Python version where asyncio's
 behaviour changed; the test suite asserts them on every Python in the matrix, and
 ``omni-trio compare`` prints them side by side. ``docs/cancellation.md`` explains
@@ -24,6 +27,7 @@ import trio
 import trio.lowlevel
 import trio.testing
 
+from . import barge_in
 from .asyncio_testing import AsyncioScriptedStage, wait_all_tasks_blocked
 from .frameworks import ASYNCIO, TRIO, Framework
 
@@ -32,7 +36,17 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised by the 3.10 session
     from taskgroup import TaskGroup, timeout
 
-__all__ = ["EXPECTED", "SCENARIOS", "Outcome", "Scenario", "expected_verdicts", "run_scenario"]
+__all__ = [
+    "EXPECTED",
+    "EXPECTED_PLAIN",
+    "SCENARIOS",
+    "Outcome",
+    "Scenario",
+    "expected_plain_verdict",
+    "expected_verdicts",
+    "run_plain",
+    "run_scenario",
+]
 
 
 @attrs.frozen
@@ -45,10 +59,15 @@ class Outcome:
 
 @attrs.frozen
 class Scenario:
+    """A scenario's runs: ``run_asyncio`` and ``run_trio`` always; ``run_plain``, the
+    plain asyncio design (:mod:`omni_trio.compare.plain_asyncio`), for a scenario
+    that runs orchestrators and shows all three (its ``run_asyncio`` is the twin's)."""
+
     key: str
     title: str
     run_asyncio: Callable[[], Outcome]
     run_trio: Callable[[], Outcome]
+    run_plain: Callable[[], Outcome] | None = None
 
 
 SCENARIOS: list[Scenario] = []
@@ -86,6 +105,11 @@ def _on(fw: Framework, fn: Callable[[], Any]) -> Callable[[], Outcome]:
 def run_scenario(scenario: Scenario) -> tuple[Outcome, Outcome]:
     """Run ``scenario`` on asyncio, then on Trio."""
     return scenario.run_asyncio(), scenario.run_trio()
+
+
+def run_plain(scenario: Scenario) -> Outcome | None:
+    """Run ``scenario`` on the plain asyncio design, if it has that third run."""
+    return None if scenario.run_plain is None else scenario.run_plain()
 
 
 # -- 1. a stage's cleanup await after cancellation --------------------------------------
@@ -661,7 +685,31 @@ def _abort_outcome(aborted: list[int]) -> Outcome:
     return Outcome("abort lost", f"only stages {aborted} got abort('r')")  # pragma: no cover
 
 
+# -- 11. barge-in: the answer's consumer interrupted mid-stream, on three designs -------
+
+
+def _barge_in(run: Callable[[], barge_in.BargeIn]) -> Callable[[], Outcome]:
+    def outcome() -> Outcome:
+        report = run()
+        return Outcome(report.verdict(), report.detail())
+
+    return outcome
+
+
+SCENARIOS.append(
+    Scenario(
+        "barge-in",
+        "Barge-in: the answer's consumer interrupted mid-stream",
+        _barge_in(barge_in.on_asyncio_twin),
+        _barge_in(barge_in.on_trio),
+        run_plain=_barge_in(barge_in.on_asyncio_plain),
+    )
+)
+
+
 # -- expectations -------------------------------------------------------------------------
+
+_BARGED_IN = "no chunk after the barge-in; every stage aborted in 0 ms; nothing left"
 
 # Per scenario: the asyncio verdict by Python version (the first entry whose version is
 # <= the running one applies), and the Trio verdict.
@@ -685,13 +733,32 @@ EXPECTED: dict[str, tuple[list[tuple[tuple[int, int], str]], str]] = {
         "receive() keeps it; receive()+checkpoint loses it once handed over",
     ),
     "consumer-leaves": ([((3, 10), "abort reaches every stage")], "abort reaches every stage"),
+    "barge-in": ([((3, 10), _BARGED_IN)], _BARGED_IN),
+}
+
+#: The plain asyncio design's verdict, by Python version, for the scenarios that run it.
+EXPECTED_PLAIN: dict[str, list[tuple[tuple[int, int], str]]] = {
+    "barge-in": [((3, 10), _BARGED_IN)],
 }
 
 
 def expected_verdicts(key: str, version: tuple[int, int] = sys.version_info[:2]) -> tuple[str, str]:
     """The documented ``(asyncio, trio)`` verdicts of scenario ``key`` on ``version``."""
     by_version, trio_verdict = EXPECTED[key]
+    return _on_version(key, by_version, version), trio_verdict
+
+
+def expected_plain_verdict(key: str, version: tuple[int, int] = sys.version_info[:2]) -> str | None:
+    """The plain asyncio design's documented verdict of scenario ``key`` on ``version``
+    (``None``: the scenario does not run it)."""
+    by_version = EXPECTED_PLAIN.get(key)
+    return None if by_version is None else _on_version(key, by_version, version)
+
+
+def _on_version(
+    key: str, by_version: list[tuple[tuple[int, int], str]], version: tuple[int, int]
+) -> str:
     for since, verdict in by_version:
         if version >= since:
-            return verdict, trio_verdict
+            return verdict
     raise LookupError(f"no expectation for {key} on Python {version}")  # pragma: no cover
