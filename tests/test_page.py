@@ -119,8 +119,11 @@ async def test_a_spoken_question_is_heard_and_answered_aloud(tmp_path: Path) -> 
         assert said(answer).startswith(f"You said: {you.strip()}"), (answer, you)
         assert 0 < int(answer["latencyMs"]) < 10_000, answer
         assert "after you stopped" in answer["meta"]
-        # It plays as its audio streams in, at the pace of speech, not all at once.
-        assert int(answer["playedMs"]) < int(answer["audioMs"]), answer
+        # It plays at the pace of speech, what has come of it, no more.
+        assert int(answer["playedMs"]) <= int(answer["audioMs"]), answer
+        time.sleep(0.5)
+        later = answers(driver)[0]
+        assert 300 <= int(later["playedMs"]) - int(answer["playedMs"]) <= 700, (answer, later)
         shot(driver, "voice-page-answer")
 
     async with served(voice_config(), realtime=RealtimeOptions()) as (url, _):
@@ -134,8 +137,11 @@ async def test_speaking_over_the_answer_stops_its_playback_and_cuts_its_transcri
         tmp_path / "barge-in.wav",
         silence(1.0)
         + spoken(QUESTION, RATE)
-        + silence(5.0)  # the answer plays (about 15 s of it)...
-        + spoken(INTERRUPTION, RATE)  # ...and the user speaks over it
+        # The answer (about 15 s of audio) plays; its first audio comes 1-2 s after
+        # the question, up to 6 s on a crowded machine: the user speaks over it after
+        # 10 s, wherever it is.
+        + silence(10.0)
+        + spoken(INTERRUPTION, RATE)
         + silence(40),
     )
 
@@ -144,9 +150,7 @@ async def test_speaking_over_the_answer_stops_its_playback_and_cuts_its_transcri
         click(driver, "mic")
         wait_for("the interruption's answer", lambda: played(driver, 2, 500), 90)
         first, second = answers(driver)[:2]
-        barge_ins = driver.execute_script(
-            "return window.omni.bargeIns.filter(b => b.itemId !== undefined)"
-        )
+        barge_ins = driver.execute_script("return window.omni.bargeIns")
         # The first answer was playing when the user spoke: its playback stopped at
         # the speech_started, within 100 ms, and the server was told what was played.
         (cut,) = barge_ins

@@ -201,20 +201,18 @@ function audioContext() {
 // what of it was played.
 function interrupt(cause) {
   const player = page.player;
-  const info = { cause, at: now() };
-  if (player && player.playing) {
-    const itemId = player.itemId;
-    player.stop();
-    info.stoppedAfterMs = now() - info.at;
-    info.itemId = itemId;
-    info.playedMs = player.playedMs(itemId);
-    const el = turn("assistant", itemId);
-    el.dataset.stoppedAfterMs = info.stoppedAfterMs.toFixed(1);
-    el.dataset.playedMs = info.playedMs;
-    send({ type: "conversation.item.truncate", item_id: itemId, content_index: 0, audio_end_ms: info.playedMs });
-  }
-  window.omni.bargeIns.push(info);
-  return info;
+  if (!player || !player.playing) return;
+  const at = now();
+  const itemId = player.itemId;
+  player.stop();
+  const stoppedAfterMs = now() - at;
+  const playedMs = player.playedMs(itemId);
+  const el = turn("assistant", itemId);
+  el.dataset.stoppedAfterMs = stoppedAfterMs.toFixed(1);
+  el.dataset.playedMs = playedMs;
+  send({ type: "conversation.item.truncate", item_id: itemId, content_index: 0, audio_end_ms: playedMs });
+  // every answer stopped, for tests and the curious
+  window.omni.bargeIns.push({ cause, at, itemId, stoppedAfterMs, playedMs });
 }
 
 // When audio at `ms` on the session's clock was captured (performance ms).
