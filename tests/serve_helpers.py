@@ -179,6 +179,7 @@ async def running_server(
     consumer_idle_timeout: float | None = None,
     middleware: Any = None,
     write_timeout: float | None = None,
+    tune_gc: bool = True,
 ) -> AsyncIterator[Server]:
     """Serve the scripted pipeline on a free port for the duration of the block
     (``None``: the default of that bound); ``middleware``: an ASGI middleware class
@@ -192,7 +193,9 @@ async def running_server(
         if value is not None
     }
     app_options = {} if max_request_bytes is None else {"max_request_bytes": max_request_bytes}
-    serve_options = {} if write_timeout is None else {"write_timeout": write_timeout}
+    serve_options: dict[str, Any] = {"tune_gc": tune_gc}
+    if write_timeout is not None:
+        serve_options["write_timeout"] = write_timeout
     async with trio.open_nursery() as nursery:
         engine = Engine(nursery)
 

@@ -1472,3 +1472,15 @@ async def test_while_serving_the_heap_is_frozen_and_full_collections_are_rarer()
         assert response.json()["choices"][0]["message"]["content"] == "".join(text_of("frozen"))
     assert gc.get_threshold() == thresholds
     assert gc.get_freeze_count() == 0
+
+
+async def test_a_server_told_not_to_tune_the_collector_leaves_it_alone():
+    thresholds = gc.get_threshold()
+    gc.unfreeze()
+    async with running_server(tune_gc=False) as server:
+        assert gc.get_freeze_count() == 0
+        assert gc.get_threshold() == thresholds
+        async with http_client() as client:
+            response = await client.post(server.chat_url(), json=chat_body("as it is"))
+        assert response.status_code == 200
+    assert gc.get_threshold() == thresholds

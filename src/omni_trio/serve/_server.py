@@ -54,6 +54,7 @@ async def serve(
     stopping: trio.Event | None = None,
     shutdown_grace: float = 5.0,
     write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+    tune_gc: bool = True,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` (from :func:`create_app`) over HTTP until cancelled or stopped.
@@ -76,12 +77,13 @@ async def serve(
     a stop never waits longer than that for it (Hypercorn's writes cannot be
     cancelled). ``0`` turns it off.
 
-    While it serves, the process's garbage collector leaves alone what the process
-    held once the pipeline started (:func:`gc.freeze`), and its full collections come
-    at most once per :data:`FULL_COLLECTION_EVERY` collections of the middle
-    generation (ten times rarer than CPython's default): a full collection stops
-    every stream for as long as it scans the heap. Both are restored once the last
-    server in the process stops.
+    ``tune_gc`` (the default): while it serves, the process's garbage collector
+    leaves alone what the process held once the pipeline started (:func:`gc.freeze`),
+    and its full collections come at most once per :data:`FULL_COLLECTION_EVERY`
+    collections of the middle generation (ten times rarer than CPython's default): a
+    full collection stops every stream for as long as it scans the heap. Both are
+    restored once the last server in the process stops. ``False`` leaves the
+    collector as the process has it (an application that tunes it itself).
 
     Raises:
       OSError: the address could not be bound.
@@ -120,7 +122,8 @@ async def serve(
                     # reaches this nursery at its next checkpoint: wait for it, and
                     # report no URL of a server that serves nothing.
                     await trio.sleep_forever()
-                serving.enter_context(_steady_heap())
+                if tune_gc:
+                    serving.enter_context(_steady_heap())
                 task_status.started(urls[0])
     except BaseException as exc:
         error = state.startup_error
