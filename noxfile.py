@@ -112,6 +112,7 @@ VOICE_TESTS = [
     "tests/test_realtime_vad.py",
     "tests/test_audio_transcriptions.py",
     "tests/test_bench_voice.py",
+    "tests/test_bench_interrupt.py",
     "tests/test_bench_audio.py",
     "tests/test_docs.py::test_an_example_that_hears_runs",
 ]
