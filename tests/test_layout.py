@@ -11,7 +11,9 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TypeAlias
 
 import attrs
 import pytest
@@ -58,7 +60,7 @@ LAYERS = [
     layer("foundations", FOUNDATIONS),
     # The worker side of the process boundary: what a worker process runs.
     layer("worker", {"process.worker", "process.worker.*"}, {"foundations"}),
-    layer("core", {"_core"}, {"foundations"}),
+    layer("core", {"_core", "_decisions"}, {"foundations"}),
     layer(
         "neutral driver",
         {"_sink", "_flow", "_inbox", "_dispatch", "_driver", "_scripted"},
@@ -95,9 +97,10 @@ LAYERS = [
     # A config's defaults are the orchestrator's (the core's and the flow's bounds)
     # and the workers' own.
     layer("configs", {"config"}, {"foundations", "core", "neutral driver", "worker options"}),
-    # A configured pipeline: its stages (process._pipeline), and the orchestrator
-    # over them (_pipeline, omni_trio.open_pipeline).
-    layer("pipelines", {"process._pipeline", "_pipeline", "process", ""}, BELOW),
+    # A configured pipeline: its stages (_process_pipeline, open_process_pipeline),
+    # and the orchestrator over them (_pipeline, omni_trio.open_pipeline). They read
+    # a config, so they sit above it, outside process/: the process wing is below.
+    layer("pipelines", {"_process_pipeline", "_pipeline", "process", ""}, BELOW),
     # The simulator runs whole pipelines, and omni_trio.testing offers it.
     layer("simulation", {"testing", *(f"testing.{m}" for m in SIMULATION)}, BELOW),
     layer("timelines", {"timeline"}, {"foundations"}),
@@ -135,6 +138,9 @@ LAYERS = [
 #: What imports neither trio nor asyncio.
 NEUTRAL = {"foundations", "core", "neutral driver", "worker options", "configs", "timelines"}
 LOOPS = {"trio", "asyncio", "anyio", "sniffio", "trio_util"}
+
+
+Graph: TypeAlias = Mapping[str, Iterable[str]]
 
 
 def modules() -> dict[str, Path]:
@@ -287,6 +293,151 @@ def test_the_layout_check_sees_typing_only_imports(tmp_path):
     )
     ours, _ = imports_of("config", probe)
     assert ours == {"_orchestrator", "process._stage"}
+
+
+def test_the_process_wing_sits_below_the_configs():
+    # process/ is the worker, its options and the supervisor: a config reads a
+    # worker's options, and what opens stages from a config (_process_pipeline)
+    # sits beside open_pipeline. Only the namespace, which names it, is above.
+    order = [each.name for each in LAYERS]
+    configs = order.index("configs")
+    for name in ALL:
+        if name.startswith("process."):
+            own = layer_of(name)
+            assert own is not None
+            assert order.index(own.name) < configs, f"omni_trio.{name} is in {own.name}"
+
+
+# -- no circles -------------------------------------------------------------------------
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module of ours -> the modules of ours it imports, anywhere in it
+    (``if TYPE_CHECKING:`` blocks and function bodies included)."""
+    return {name: imports_of(name, path)[0] & ALL.keys() for name, path in ALL.items()}
+
+
+def _components(graph: Graph) -> list[list[str]]:
+    """The strongly connected components of ``graph`` (Tarjan's, without
+    recursion): each a list of nodes that all reach each other."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            for target in edges:
+                if target not in graph:
+                    continue
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], index[target])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    found.append(sorted(component))
+    return found
+
+
+def _shortest_circle(graph: Graph, start: str, within: set[str]) -> list[str]:
+    """The shortest way from ``start`` back to itself inside ``within`` (breadth
+    first), as ``[start, ..., start]``."""
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        after = []
+        for node in frontier:
+            for target in sorted(graph[node]):
+                if target == start:
+                    path = [node]  # back to start, one step at a time
+                    while path[-1] != start:
+                        path.append(came_from[path[-1]])
+                    return [*reversed(path), start]
+                if target in within and target not in came_from:
+                    came_from[target] = node
+                    after.append(target)
+        frontier = after
+    raise AssertionError(f"{start} is on no circle")  # pragma: no cover
+
+
+def circles(graph: Graph) -> list[list[str]]:
+    """One circle of imports per knot in ``graph`` (each group of modules that
+    all import each other, through however many steps): its shortest circle
+    through its first module, ``[a, b, ..., a]``. ``[]``: the graph has none."""
+    found = []
+    for component in _components(graph):
+        if len(component) > 1 or component[0] in graph[component[0]]:
+            found.append(_shortest_circle(graph, component[0], set(component)))
+    return found
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    # Layers allow imports within a layer; this allows no circle there either, not
+    # even through ``if TYPE_CHECKING:`` or a function-local import: every module
+    # can be read, and replaced, after the ones it uses.
+    knots = circles(import_graph())
+    assert knots == [], "imports in a circle (TYPE_CHECKING and function-local ones count): " + (
+        "; ".join(" -> ".join(f"omni_trio.{name}" for name in knot) for knot in knots)
+    )
+
+
+@pytest.mark.parametrize(
+    ("graph", "expected"),
+    [
+        ({"a": {"b"}, "b": {"c"}, "c": set()}, []),
+        ({"a": {"b"}, "b": {"a"}}, [["a", "b", "a"]]),
+        # the shortest circle through the knot's first module, and one per knot
+        (
+            {"a": {"b"}, "b": {"c", "a"}, "c": {"d"}, "d": {"a"}, "x": {"y"}, "y": {"x"}},
+            [["a", "b", "a"], ["x", "y", "x"]],
+        ),
+        ({"a": {"b"}, "b": {"c"}, "c": {"d"}, "d": {"b"}}, [["b", "c", "d", "b"]]),
+        ({"a": {"a"}}, [["a", "a"]]),
+    ],
+)
+def test_the_circle_check_finds_every_knot(graph, expected):
+    assert sorted(circles(graph)) == expected
+
+
+def test_the_circle_check_sees_typing_only_and_function_local_imports(tmp_path):
+    # A circle closed through ``if TYPE_CHECKING:`` (or an import in a function,
+    # made late to dodge the circle at import time) is a circle all the same.
+    sink = tmp_path / "sink.py"
+    sink.write_text("from ._flow import FlowLedger\n")
+    flow = tmp_path / "flow.py"
+    flow.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from ._sink import OutboxBase\n"
+        "def later():\n"
+        "    from .process.worker._worker import serve\n"
+    )
+    graph = {"_sink": imports_of("_sink", sink)[0], "_flow": imports_of("_flow", flow)[0]}
+    assert graph["_flow"] == {"_sink", "process.worker._worker"}
+    assert circles({**graph, "process.worker._worker": set()}) == [["_flow", "_sink", "_flow"]]
 
 
 # -- what a worker process loads ----------------------------------------------------------

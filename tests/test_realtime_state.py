@@ -9,13 +9,19 @@ so the rules are checked apart from any model's hearing.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import random
+from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from omni_trio import OrchOutput
-from omni_trio.serve import FinalOutput, RealtimeOptions, ServedModel
+from omni_trio.serve import FinalOutput, RealtimeOptions, ServedModel, _realtime_state
 from omni_trio.serve._realtime_conversation import Out
 from omni_trio.serve._realtime_protocol import RealtimeError, decode_client_event
 from omni_trio.serve._realtime_state import (
@@ -25,6 +31,16 @@ from omni_trio.serve._realtime_state import (
     SessionState,
     Start,
     status_of,
+)
+from omni_trio.serve._realtime_table import (
+    RESPONSES,
+    TURNS,
+    ResponseState,
+    ResponseStep,
+    TransitionError,
+    Transitions,
+    TurnState,
+    TurnStep,
 )
 from omni_trio.speech import SilenceStarted, SpeechResumed, SpeechStarted, SpeechStopped
 
@@ -456,3 +472,345 @@ def test_a_speculation_holds_its_events_up_to_the_outbox_bound():
     h.append(SpeechStopped(200))  # the turn is over: what it held goes out
     assert not h.state.holds_too_much(speculation)
     assert speculation.held_bytes == 0
+
+
+# -- the states, as data (_realtime_table) ------------------------------------------------
+
+
+def test_a_turn_and_its_responses_go_through_their_states():
+    h = Harness()
+    assert h.state.turn_state is TurnState.IDLE
+    h.append()
+    h.append(SpeechStarted(100))
+    assert h.state.turn_state is TurnState.SPEECH
+    first = started(h.append(SilenceStarted(200)))
+    assert (h.state.turn_state, first.state) == (TurnState.SILENCE, ResponseState.HELD)
+    h.append(SpeechResumed(300))  # a pause: the speculation is dropped
+    assert (h.state.turn_state, first.state) == (TurnState.SPEECH, ResponseState.DROPPED)
+    second = started(h.append(SilenceStarted(400)))
+    h.state.ended(second, "completed", None)
+    assert second.state is ResponseState.HELD_ENDED
+    h.append(SpeechStopped(400))  # promoted, and told at once
+    assert (h.state.turn_state, second.state) == (TurnState.IDLE, ResponseState.TOLD)
+    h.state.ended(first, "completed", None)
+    assert first.state is ResponseState.FORGOTTEN
+
+
+def test_speech_over_an_answer_is_pending_until_it_interrupts_or_proves_a_backchannel():
+    h = Harness()
+    h.say("tell me a story")
+    answer = started(h.event("response.create"))
+    h.append()
+    h.append(SpeechStarted(150))
+    assert h.state.turn_state is TurnState.PENDING
+    h.append(SilenceStarted(400))
+    assert h.state.turn_state is TurnState.PENDING_SILENCE
+    h.append(SpeechStopped(400))  # 250 ms: a backchannel
+    assert (h.state.turn_state, answer.state) == (TurnState.IDLE, ResponseState.LIVE)
+    h.append(SpeechStarted(500))
+    for _ in range(7):
+        h.append()
+    assert (h.state.turn_state, answer.state) == (TurnState.SPEECH, ResponseState.CANCELLED)
+    h.state.cancel_all("client_disconnected", silent=True)
+    assert answer.state is ResponseState.CANCELLED  # its end still says cancelled
+    ended(h.state, answer)
+    assert answer.state is ResponseState.TOLD
+
+
+def test_a_step_with_no_transition_raises_naming_the_machine_state_and_step():
+    with pytest.raises(TransitionError, match="the turn has no transition from IDLE on INTERRUPT"):
+        TURNS(TurnState.IDLE, TurnStep.INTERRUPT)
+    with pytest.raises(TransitionError, match="the response has no transition from TOLD on END"):
+        RESPONSES(ResponseState.TOLD, ResponseStep.END)
+    # a step of the session's own rules missing from the table: a bug, raised as such
+    # (not a RealtimeError: the client did nothing wrong, and is not told)
+    h = Harness()
+    h.append()
+    h.append(SpeechStarted(100))
+    table = {state: dict(steps) for state, steps in TURNS.table.items()}
+    del table[TurnState.SPEECH][TurnStep.SILENCE_STARTED]
+    with (
+        mock.patch.object(_realtime_state, "TURNS", Transitions("turn", table)),
+        pytest.raises(TransitionError) as raised,
+    ):
+        h.append(SilenceStarted(200))
+    assert not isinstance(raised.value, RealtimeError)
+    assert (raised.value.machine, raised.value.state, raised.value.step) == (
+        "turn",
+        TurnState.SPEECH,
+        TurnStep.SILENCE_STARTED,
+    )
+    assert "from SPEECH on SILENCE_STARTED" in str(raised.value)
+
+
+def test_a_request_said_to_end_twice_is_a_bug_and_changes_nothing():
+    h = Harness()
+    h.say("hello")
+    response = started(h.event("response.create"))
+    ended(h.state, response)
+    with pytest.raises(TransitionError, match="from TOLD on END"):
+        h.state.ended(response, "completed", None)
+    assert response.state is ResponseState.TOLD
+    assert h.state.commands() == []
+
+
+def test_every_client_event_and_detector_event_has_a_handler():
+    from omni_trio.serve._realtime_protocol import ClientEvent
+    from omni_trio.speech import VadEvent
+
+    assert set(SessionState._CLIENT_EVENTS) == set(ClientEvent.__args__)
+    assert set(SessionState._vad_events()) == set(VadEvent.__args__)
+
+
+class Recording(Transitions[Any, Any]):
+    """A table that notes each transition taken through it (a refused one raises)."""
+
+    def __init__(self, table: Transitions[Any, Any], taken: set[tuple[Any, Any]]) -> None:
+        super().__init__(table.machine, table.table)
+        self.taken = taken
+
+    def __call__(self, state: Any, step: Any) -> Any:
+        new = super().__call__(state, step)
+        self.taken.add((state, step))
+        return new
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[tuple[set[Any], set[Any]]]:
+    """The transitions the session takes: (the turn's, the responses')."""
+    turns: set[Any] = set()
+    responses: set[Any] = set()
+    with (
+        mock.patch.object(_realtime_state, "TURNS", Recording(TURNS, turns)),
+        mock.patch.object(_realtime_state, "RESPONSES", Recording(RESPONSES, responses)),
+    ):
+        yield turns, responses
+
+
+#: What a walk does, weighted: mostly appends, with what a detector would say next
+#: ("speak") or with its events in any order ("append": a detector out of order must
+#: not break the session either).
+ACTIONS = [
+    *["speak"] * 5,
+    *["append"] * 4,
+    "say",
+    "create",
+    "create",
+    "cancel",
+    "commit",
+    "clear",
+    "update",
+    "end",
+    "end",
+    "end",
+    "end_again",
+    "timeout",
+    "cancel_all",
+    "outgoing",
+]
+Action = tuple[str, int, int]
+#: Each action, with two numbers its kind reads as it likes.
+ACTION = st.tuples(st.sampled_from(ACTIONS), st.integers(0, 99), st.integers(0, 99))
+
+
+def _client_event(type: str, **fields: Any) -> Any:
+    return decode_client_event(json.dumps({"type": type, **fields}))
+
+
+#: The client events a walk sends (decoded once: a session does not change them).
+CLIENT = {
+    "append": _client_event("input_audio_buffer.append", audio=_b64(PCM)),
+    "say": _client_event(
+        "conversation.item.create",
+        item={
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "hello"}],
+        },
+    ),
+    "create": _client_event("response.create"),
+    "cancel": _client_event("response.cancel"),
+    "commit": _client_event("input_audio_buffer.commit"),
+    "clear": _client_event("input_audio_buffer.clear"),
+}
+#: Its session.update events: turn detection off, and server VAD four ways.
+UPDATES = [
+    _client_event(
+        "session.update", session={"type": "realtime", "audio": {"input": {"turn_detection": d}}}
+    )
+    for d in [
+        None,
+        {"type": "server_vad"},
+        {"type": "server_vad", "interrupt_min_ms": 0},
+        {"type": "server_vad", "create_response": False},
+        {"type": "server_vad", "interrupt_response": False},
+    ]
+]
+VAD_EVENTS = [SpeechStarted, SilenceStarted, SpeechResumed, SpeechStopped]
+#: What a detector in order may say next, by the turn's state.
+NEXT = {
+    TurnState.IDLE: [SpeechStarted],
+    TurnState.SPEECH: [SilenceStarted],
+    TurnState.SILENCE: [SpeechResumed, SpeechStopped],
+    TurnState.PENDING: [SilenceStarted],
+    TurnState.PENDING_SILENCE: [SpeechResumed, SpeechStopped],
+}
+#: The statuses a request may end with.
+ENDS: list[tuple[Any, Any]] = [
+    ("completed", None),
+    ("failed", {"type": "failed", "error": {"type": "server_error", "message": "x"}}),
+    ("incomplete", {"type": "incomplete", "reason": "aborted"}),
+]
+RUNNING = {
+    ResponseState.HELD,
+    ResponseState.LIVE,
+    ResponseState.CANCELLED,
+    ResponseState.DROPPED,
+    ResponseState.UNSEEN,
+}
+CANCELLED = {
+    ResponseState.CANCELLED,
+    ResponseState.DROPPED,
+    ResponseState.UNSEEN,
+    ResponseState.FORGOTTEN,
+}
+
+
+def walk(actions: list[Action], *, speculate: bool) -> None:
+    """Drive a session through ``actions`` as its driver would (a refused client event
+    is told as an error), checking after each that its explicit states agree with
+    what it holds and with what it told the client."""
+    h = Harness(speculate=speculate)
+    state = h.state
+    responses: list[Response] = []
+    told: dict[str, int] = {}  # response.done sent, by response id
+
+    for kind, a, b in actions:
+        running = [r for r in responses if not r.ended]
+        over = [r for r in responses if r.ended]
+        try:
+            if kind in ("append", "speak"):
+                if h.detectors:
+                    at = max(0, state._buffer.end_ms - state._vad_offset + (b - 50) * 10)
+                    if kind == "speak":
+                        said = NEXT[state.turn_state]
+                        events = [said[a % len(said)](at)] if a % 3 else []
+                    else:
+                        events = [VAD_EVENTS[i](at) for i in range(4) if a >> i & 1 and a % 3]
+                        events = events[::-1] if a % 5 == 0 else events
+                    h.detectors[-1].next = events
+                state.handle(CLIENT["append"])
+            elif kind == "update":
+                state.handle(UPDATES[a % len(UPDATES)])
+            elif kind in CLIENT:
+                state.handle(CLIENT[kind])
+            elif kind == "end" and running:
+                state.ended(running[a % len(running)], *ENDS[b % len(ENDS)])
+            elif kind == "end_again" and over:
+                response = over[a % len(over)]
+                was = response.state
+                with pytest.raises(TransitionError, match=f"from {was.name} on END"):
+                    state.ended(response, "completed", None)
+                assert response.state is was
+            elif kind == "timeout":
+                state.turn_timed_out()
+            elif kind == "cancel_all":
+                state.cancel_all("server_shutting_down", silent=bool(a % 2))
+            elif kind == "outgoing" and running:
+                delta = Out(json.dumps({"type": "response.output_text.delta"}), words="x")
+                state.outgoing(running[a % len(running)], [delta])
+        except RealtimeError as error:
+            state.error(error)
+        for command in state.commands():
+            if isinstance(command, Start):
+                responses.append(command.response)
+            elif isinstance(command, Send) and '"response.done"' in command.out.text:
+                done = json.loads(command.out.text)["response"]["id"]
+                told[done] = told.get(done, 0) + 1
+            elif isinstance(command, Cancel):
+                assert command.response in responses  # its Start came first
+        _check(state, responses, told)
+
+
+def _check(state: SessionState, responses: list[Response], told: dict[str, int]) -> None:
+    turn = state.turn_state
+    assert (turn is TurnState.IDLE) == (state._turn is None)
+    assert (turn in (TurnState.PENDING, TurnState.PENDING_SILENCE)) == (state._pending is not None)
+    assert (turn is TurnState.PENDING_SILENCE) == (state._pending_silence is not None)
+    assert state.response is None or state.response.state is ResponseState.LIVE
+    for response in responses:
+        now = response.state
+        assert (response in state.responses) == (
+            now not in (ResponseState.TOLD, ResponseState.FORGOTTEN)
+        )
+        assert told.get(response.events.id, 0) == (now is ResponseState.TOLD)
+        if now is not ResponseState.TOLD:
+            assert (response.cancelled is not None) == (now in CANCELLED)
+        assert response.ended == (now not in RUNNING)
+        if now is not ResponseState.FORGOTTEN:  # held: what it makes waits, for good
+            assert response.held == (
+                now in (ResponseState.HELD, ResponseState.HELD_ENDED, ResponseState.DROPPED)
+            )
+
+
+@given(speculate=st.booleans(), actions=st.lists(ACTION, max_size=80))
+def test_every_transition_a_session_takes_is_in_the_table(speculate, actions):
+    """Random client events, detector events (in any order), request ends, timeouts
+    and cancels: every transition the session takes is in the table (one that is not
+    raises TransitionError, and fails the walk), the states agree with the session's
+    data and with what it told, and a request said to end twice raises."""
+    with recording() as (turns, responses):
+        walk(actions, speculate=speculate)
+    assert turns <= TURNS.pairs()
+    assert responses <= RESPONSES.pairs()
+
+
+def test_every_transition_in_the_table_is_one_a_session_takes():
+    """The table has no dead entry: a seeded walk takes every transition in it (in a
+    few hundred sessions of 60 actions; some need a rare sequence, as a speculation
+    that ended held, forgotten by ``cancel_all``, then dropped by speech resuming)."""
+    rng = random.Random(40)
+    table = TURNS.pairs() | RESPONSES.pairs()
+    with recording() as (turns, responses):
+        for session in range(1000):
+            actions = [
+                (rng.choice(ACTIONS), rng.randrange(100), rng.randrange(100)) for _ in range(60)
+            ]
+            walk(actions, speculate=session % 4 != 0)
+            if table <= turns | responses:
+                break
+    assert TURNS.pairs() - turns == set()
+    assert RESPONSES.pairs() - responses == set()
+
+
+def test_the_architecture_pages_tables_are_the_sessions():
+    """docs/architecture.md ("The realtime session's states") draws both tables: a
+    row per state, a column per step, the new state or an en dash where there is none."""
+    from pathlib import Path
+
+    page = (Path(__file__).parent.parent / "docs" / "architecture.md").read_text()
+    section = page.split("### The realtime session's states", 1)[1].split("\n#", 1)[0]
+    drawn: list[dict[tuple[str, str], str]] = []
+    for block in section.split("\n\n"):
+        rows = [line.strip("|").split("|") for line in block.splitlines() if line[:1] == "|"]
+        if rows:
+            steps = [cell.strip() for cell in rows[0][1:]]
+            drawn.append(
+                {
+                    (row[0].strip(), step): cell.strip()
+                    for row in rows[2:]
+                    for step, cell in zip(steps, row[1:], strict=True)
+                }
+            )
+    for table, states, steps in [
+        (TURNS, TurnState, TurnStep),
+        (RESPONSES, ResponseState, ResponseStep),
+    ]:
+        expected = {
+            (state.name, step.name): (
+                table.table[state][step].name if step in table.table[state] else "\N{EN DASH}"
+            )
+            for state in states
+            for step in steps
+        }
+        assert expected in drawn

@@ -24,7 +24,7 @@ from trio_util import AsyncValue
 
 from omni_trio.serve import ServedModel, create_app
 from omni_trio.serve._server import FULL_COLLECTION_EVERY
-from omni_trio.serve._state import ServerStatistics
+from omni_trio.serve._statistics import ServerStatistics
 from serve_helpers import (
     AUDIO,
     AUDIO_CHUNKS,

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 import attrs
 
@@ -36,12 +36,12 @@ from ._util import output_size
 if TYPE_CHECKING:
     from ._core import StageCredit
     from ._messages import OrchOutput
-    from ._sink import OutboxBase
 
 __all__ = [
     "CONSUMER_IDLE_TIMEOUT",
     "MAX_UNREAD_BYTES",
     "MAX_UNREAD_OUTPUTS",
+    "CountingOutbox",
     "FlowLedger",
     "FlowLimits",
     "Tally",
@@ -68,6 +68,23 @@ class FlowLimits:
     max_unread_bytes: int = MAX_UNREAD_BYTES
     max_unread_outputs: int = MAX_UNREAD_OUTPUTS
     consumer_idle_timeout: float = CONSUMER_IDLE_TIMEOUT
+
+
+class CountingOutbox(Protocol):
+    """What the ledger needs of an outbox that counts its consumer's unread outputs
+    (:class:`omni_trio._sink.OutboxBase` is one: the outboxes use the ledger, and
+    the ledger knows them by this alone)."""
+
+    #: A stream's request id; ``""`` for ``next_output()``'s outbox.
+    request_id: str
+
+    def reconcile(self) -> None: ...
+
+    def idle(self, now: float, timeout: float) -> tuple[list[str], float | None]: ...
+
+    def disarm(self) -> None: ...
+
+    def unread_outputs(self) -> list[OrchOutput]: ...
 
 
 class _Window:
@@ -128,8 +145,8 @@ class FlowLedger:
         self._accounts: dict[str, dict[int, _Window] | None] = {}
         #: Requests with credit windows (0: no batch needs a tally).
         self.credited = 0
-        self._outboxes: dict[int, OutboxBase] = {}  # by id(): every outbox counting
-        self._timers: list[tuple[float, int, OutboxBase]] = []  # (deadline, seq, outbox)
+        self._outboxes: dict[int, CountingOutbox] = {}  # by id(): every outbox counting
+        self._timers: list[tuple[float, int, CountingOutbox]] = []  # (deadline, seq, outbox)
         self._seq = 0
 
     def __len__(self) -> int:
@@ -138,7 +155,7 @@ class FlowLedger:
 
     # -- accounts -------------------------------------------------------------------------
 
-    def attach(self, outbox: OutboxBase) -> None:
+    def attach(self, outbox: CountingOutbox) -> None:
         """Count ``outbox``'s unread outputs (``next_output()``'s, a stream's)."""
         self._outboxes[id(outbox)] = outbox
 
@@ -172,7 +189,7 @@ class FlowLedger:
         if request_id in self._accounts:
             self._accounts[request_id] = None
 
-    def forget(self, request_id: str, outbox: OutboxBase | None = None) -> None:
+    def forget(self, request_id: str, outbox: CountingOutbox | None = None) -> None:
         """Close the request's account (its terminal was taken, or its stream's block
         is over), and stop counting its stream's ``outbox``."""
         self._drop_windows(request_id)
@@ -186,7 +203,7 @@ class FlowLedger:
 
     # -- what the consumers took ------------------------------------------------------------
 
-    def tally(self, outbox: OutboxBase, outputs: list[OrchOutput]) -> Tally | None:
+    def tally(self, outbox: CountingOutbox, outputs: list[OrchOutput]) -> Tally | None:
         """What ``outputs``, flushed into ``outbox``, will give back as credit once its
         consumer has taken them (``None``: none of them takes credit -- the common
         case costs a check, not a loop)."""
@@ -230,7 +247,7 @@ class FlowLedger:
 
     # -- the idle clock ---------------------------------------------------------------------
 
-    def arm(self, outbox: OutboxBase, deadline: float) -> None:
+    def arm(self, outbox: CountingOutbox, deadline: float) -> None:
         """Look at ``outbox`` at ``deadline`` (an output flushed into it may wait)."""
         self._seq += 1
         timers = self._timers
@@ -241,7 +258,7 @@ class FlowLedger:
             self._timers = [entry for entry in timers if self._counts(entry[2])]
             heapq.heapify(self._timers)
 
-    def _counts(self, outbox: OutboxBase) -> bool:
+    def _counts(self, outbox: CountingOutbox) -> bool:
         """Whether ``outbox`` is still counted (a stream's block is not over)."""
         return self._outboxes.get(id(outbox)) is outbox
 

@@ -15,7 +15,6 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from ._app import DEFAULT_MAX_REQUEST_BYTES as DEFAULT_MAX_REQUEST_BYTES
     from ._app import DEFAULT_MAX_WAITING as DEFAULT_MAX_WAITING
     from ._app import OpenPipeline as OpenPipeline
-    from ._app import RealtimeOptions as RealtimeOptions
     from ._app import ServedPipeline as ServedPipeline
     from ._app import app_for_config as app_for_config
     from ._app import create_app as create_app
@@ -23,6 +22,7 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from ._model import ServedModel as ServedModel
     from ._model import SpeechRoute as SpeechRoute
     from ._protocol import OpenAIError as OpenAIError
+    from ._realtime_options import RealtimeOptions as RealtimeOptions
     from ._server import DEFAULT_PORT as DEFAULT_PORT
     from ._server import DEFAULT_WRITE_TIMEOUT as DEFAULT_WRITE_TIMEOUT
     from ._server import serve as serve
@@ -33,13 +33,13 @@ _EXPORTS = {
         "DEFAULT_MAX_REQUEST_BYTES",
         "DEFAULT_MAX_WAITING",
         "OpenPipeline",
-        "RealtimeOptions",
         "ServedPipeline",
         "app_for_config",
         "create_app",
     ],
     "._model": ["FinalOutput", "ServedModel", "SpeechRoute"],
     "._protocol": ["OpenAIError"],
+    "._realtime_options": ["RealtimeOptions"],
     "._server": ["DEFAULT_PORT", "DEFAULT_WRITE_TIMEOUT", "serve"],
 }
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)

@@ -28,7 +28,8 @@ from ._metrics import CONTENT_TYPE
 from ._model import ServedModel
 from ._page import page_routes
 from ._protocol import Model, ModelList, OpenAIError, check_model, decode_request, encode
-from ._realtime import RealtimeEndpoint, RealtimeOptions
+from ._realtime import RealtimeEndpoint
+from ._realtime_options import RealtimeOptions
 from ._response import EndpointResponse
 from ._speech import SpeechResponse, plan_speech
 from ._state import DEFAULT_PRIORITIES, OutputsHook, ServerState
@@ -44,7 +45,6 @@ __all__ = [
     "DEFAULT_MAX_REQUEST_BYTES",
     "DEFAULT_MAX_WAITING",
     "OpenPipeline",
-    "RealtimeOptions",
     "ServedPipeline",
     "app_for_config",
     "create_app",

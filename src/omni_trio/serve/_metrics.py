@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from .._driver import OrchestratorStatistics
     from ._model import ServedModel
-    from ._state import ServerStatistics
+    from ._statistics import ServerStatistics
 
 __all__ = ["CONTENT_TYPE", "ENDPOINTS", "ServerMetrics"]
 

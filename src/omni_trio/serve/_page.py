@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from starlette.requests import Request
 
     from ._model import ServedModel
-    from ._realtime import RealtimeOptions
+    from ._realtime_options import RealtimeOptions
 
 __all__ = ["page_routes"]
 

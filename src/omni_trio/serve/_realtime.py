@@ -20,119 +20,29 @@ cancelled, unseen. The recognition thus overlaps the VAD's hangover.
 What a session decides is in ``_realtime_state`` (turns, speculation, barge-in, as
 commands) and what it decides with in ``_realtime_conversation`` (the conversation,
 the audio buffer, each response's events), both with no I/O; ``_realtime_session``
-carries the commands out; the wire shapes are in ``_realtime_protocol``.
+carries the commands out; the wire shapes are in ``_realtime_protocol``, and the
+endpoint's options in ``_realtime_options``.
 """
 
 from __future__ import annotations
 
 import urllib.parse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import attrs
-
-from .._checks import check_positive_int, check_seconds
-from .._priority import check_priority
 from ._protocol import OpenAIError, encode
 from ._realtime_protocol import RealtimeError, ServerEvents
 from ._realtime_session import Session
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from ..speech import VadOptions
     from ._chat import Receive, Scope, Send
-    from ._realtime_state import Detector
+    from ._realtime_options import RealtimeOptions
     from ._state import ServerState
 
-__all__ = ["RealtimeEndpoint", "RealtimeOptions"]
+__all__ = ["RealtimeEndpoint"]
 
 #: The longest close reason a WebSocket frame carries, in bytes (RFC 6455: 125, of
 #: which 2 are the code).
 _MAX_REASON = 123
-
-
-def _positive_seconds(name: str) -> Callable[[Any, Any, Any], None]:
-    def check(instance: Any, attribute: Any, value: Any) -> None:
-        check_seconds(name, value, positive=True)
-
-    return check
-
-
-def _positive_int(name: str) -> Callable[[Any, Any, Any], None]:
-    def check(instance: Any, attribute: Any, value: Any) -> None:
-        check_positive_int(name, value)
-
-    return check
-
-
-def _priority(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is not None:
-        check_priority(value, attribute.name)
-
-
-@attrs.frozen
-class RealtimeOptions:
-    """The limits and behaviour of ``/v1/realtime`` (``omni-trio serve
-    --realtime-*``).
-
-    Attributes:
-      max_sessions: Sessions at once; the next upgrade gets 503.
-      max_buffer_seconds: The input audio buffer's bound: an append past it gets an
-          ``error`` and is dropped.
-      max_event_bytes: The largest client event (a larger one gets an ``error``).
-      idle_timeout: Seconds without a client event (audio included) after which a
-          session is closed, with an ``error`` saying so. A session is not idle while
-          a response streams to it.
-      speculate: Start recognising a turn when its silence begins (see the module).
-      speculate_after_ms: How much silence begins a speculation (less than the
-          session's ``silence_duration_ms``; when it is not, half of that).
-      outbox_bytes: Server events a session may have queued, unwritten, before it
-          waits for the client: its responses wait (their outputs stay unread in the
-          orchestrator, bounded by ``max_unread_bytes`` and ``consumer_idle_timeout``
-          like any request's), and so does the reading of its client's events (what
-          one event makes is queued at once: at most this plus one event's worth).
-          A speculation holds at most this much of its events, too, until its turn
-          ends.
-      priority: Its responses' priority (lower runs earlier) at every queue of
-          their route; ``None``: the endpoint's default (the config's
-          ``[serve.priority] realtime``, else -10: ahead of chat's 0). A response
-          is never shed for a more urgent request once its turn began.
-      detector: Makes each session's voice activity detector from its turn
-          detection's settings, as ``detector(vad_options)``: anything with
-          ``feed(pcm) -> events`` and ``reset()``, as
-          :class:`~omni_trio.speech.VoiceActivityDetector` has. ``None``: that
-          detector with Silero's model, at 24 kHz. WebRTC's model is cheaper and
-          weaker in noise (``docs/voice.md`` measures both)::
-
-              # every session's detector with WebRTC's model (docs/voice.md runs it)
-              RealtimeOptions(detector=lambda vad: VoiceActivityDetector(
-                  vad, sample_rate=24_000, model=WebRtcModel()))
-
-      trace: Called as ``trace(session_id, what, ref)`` at each step of a turn and a
-          response, the moment the session takes it: ``"speech_started"``,
-          ``"silence_started"``, ``"speech_stopped"`` (``ref``: the turn's item id),
-          ``"response_started"``, ``"response_cancelled"``, ``"request_ended"`` (its
-          orchestrator request's block has exited: every stage was sent its abort),
-          ``"response_done"`` (``ref``: the response id). A hook for timing, as the
-          voice bench does; it must not block.
-    """
-
-    max_sessions: int = attrs.field(default=16, validator=_positive_int("max_sessions"))
-    max_buffer_seconds: float = attrs.field(
-        default=60.0, validator=_positive_seconds("max_buffer_seconds")
-    )
-    max_event_bytes: int = attrs.field(
-        default=1024 * 1024, validator=_positive_int("max_event_bytes")
-    )
-    idle_timeout: float = attrs.field(default=300.0, validator=_positive_seconds("idle_timeout"))
-    speculate: bool = True
-    speculate_after_ms: int = attrs.field(
-        default=150, validator=_positive_int("speculate_after_ms")
-    )
-    outbox_bytes: int = attrs.field(default=1024 * 1024, validator=_positive_int("outbox_bytes"))
-    priority: int | None = attrs.field(default=None, validator=_priority)
-    detector: Callable[[VadOptions], Detector] | None = None
-    trace: Callable[[str, str, str], None] | None = None
 
 
 def _query_model(scope: Scope) -> str | None:

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from ._chat import Receive, Send
-    from ._realtime import RealtimeOptions
     from ._realtime_conversation import Out, Status
+    from ._realtime_options import RealtimeOptions
     from ._realtime_protocol import ClientEvent
     from ._state import ServerState
 

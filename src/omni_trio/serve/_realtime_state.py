@@ -9,11 +9,16 @@ Turn-taking lives here: a turn starts with speech; with speculation a response s
 held when its silence begins, and is promoted when the turn ends or cancelled unseen
 when speech resumes; speech over an answer cancels it (barge-in). Every step is a
 plain call, so the rules are testable without a socket or an event loop.
+
+The turn and each response are in explicit states (``TurnState``, ``ResponseState``),
+and every change of one is looked up in ``_realtime_table``'s tables: a change with
+no entry raises ``TransitionError`` (a bug here, never the client's). Client events
+and the detector's reach their handlers through tables keyed by their types.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeAlias
 
 import attrs
 from msgspec import UNSET
@@ -32,20 +37,20 @@ from ._realtime_protocol import (
     ServerEvents,
     SessionUpdate,
 )
+from ._realtime_table import RESPONSES, TURNS, ResponseState, ResponseStep, TurnState, TurnStep
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from .._messages import OrchOutput
-    from ..speech import VadEvent
+    from ..speech import SilenceStarted, SpeechResumed, SpeechStarted, SpeechStopped, VadEvent
     from ._model import FinalOutput, ServedModel
-    from ._realtime import RealtimeOptions
+    from ._realtime_options import Detector, RealtimeOptions
     from ._realtime_protocol import ClientEvent, TurnDetection
 
 __all__ = [
     "Cancel",
     "Command",
-    "Detector",
     "Response",
     "Send",
     "SessionState",
@@ -63,23 +68,46 @@ class Response:
     """One response: its events, the user turn it answers, and where it stands.
 
     Attributes:
-      held: A speculation: its events wait (in ``backlog``, of ``held_bytes``) for
-          its turn's commit.
+      state: Where it stands (``_realtime_table.RESPONSES`` says where it may go).
+      backlog: What it made while held (of ``held_bytes``), waiting for its turn's
+          commit.
       done: Its last events, if it ended while held.
       cancelled: Why it was cancelled (its ``status_details.reason``), if it was.
-      silent: A speculation cancelled unseen: the client hears nothing of it.
-      ended: Its request is over.
     """
 
     events: ResponseEvents
     turn: Item | None
-    held: bool = False
+    state: ResponseState = ResponseState.LIVE
     backlog: list[Out] = attrs.field(factory=list)
     held_bytes: int = 0
     done: list[str] = attrs.field(factory=list)
     cancelled: str | None = None
-    silent: bool = False
-    ended: bool = False
+
+    @property
+    def held(self) -> bool:
+        """A speculation not promoted: what it makes waits (for good, once dropped)."""
+        return self.state in _HELD
+
+    @property
+    def silent(self) -> bool:
+        """Cancelled unseen: the client hears nothing more of it."""
+        return self.state in _SILENT
+
+    @property
+    def ended(self) -> bool:
+        """Its request is over."""
+        return self.state in _ENDED
+
+
+_HELD = frozenset({ResponseState.HELD, ResponseState.HELD_ENDED, ResponseState.DROPPED})
+_SILENT = frozenset({ResponseState.DROPPED, ResponseState.UNSEEN, ResponseState.FORGOTTEN})
+_ENDED = frozenset({ResponseState.HELD_ENDED, ResponseState.TOLD, ResponseState.FORGOTTEN})
+#: A speculation its turn's end makes the answer (not dropped).
+_PROMOTABLE = frozenset({ResponseState.HELD, ResponseState.HELD_ENDED})
+#: The turn over an answer, not yet long enough to interrupt it.
+_PENDING = frozenset({TurnState.PENDING, TurnState.PENDING_SILENCE})
+#: No turn (a set: a lookup is cheaper than ``TurnState.IDLE``, on every append).
+_BETWEEN = frozenset({TurnState.IDLE})
 
 
 @attrs.frozen
@@ -108,15 +136,6 @@ class Cancel:
 
 
 Command: TypeAlias = Send | Start | Cancel
-
-
-class Detector(Protocol):
-    """What a session needs of its voice activity detector
-    (:class:`~omni_trio.speech.VoiceActivityDetector` is one)."""
-
-    def feed(self, pcm: bytes) -> list[VadEvent]: ...
-
-    def reset(self) -> None: ...
 
 
 #: How long a turn whose speech started may go without audio before it is committed:
@@ -190,12 +209,15 @@ class SessionState:
         self._turns: _Turns | None = None if model.hearing is None else _Turns()
         self._vad: Detector | None = None  # made at the first append
         self._vad_offset = 0  # the session's audio clock when the detector started
+        #: Where the user's turn stands (``_realtime_table.TURNS`` says where it may go).
+        self._turn_state = TurnState.IDLE
         self._turn: Item | None = None  # the user turn being spoken (server VAD)
         self._turn_start = 0
-        #: A turn begun over an answer, not yet long enough to interrupt it: the
-        #: session's audio time at which it will (``None``: no such turn).
+        #: A turn begun over an answer, not yet long enough to interrupt it (PENDING):
+        #: the session's audio time at which it will.
         self._pending: int | None = None
-        #: Where its silence began, if the detector has said (its speech may be over).
+        #: Where its silence began, if the detector has said (PENDING_SILENCE: its
+        #: speech may be over).
         self._pending_silence: int | None = None
         #: The response answering now (not a speculation).
         self.response: Response | None = None
@@ -213,6 +235,15 @@ class SessionState:
         commands, self._commands = self._commands, []
         return commands
 
+    @property
+    def turn_state(self) -> TurnState:
+        """Where the user's turn stands."""
+        return self._turn_state
+
+    def _step(self, step: TurnStep) -> None:
+        """The turn takes ``step``: its new state is the table's (or TransitionError)."""
+        self._turn_state = TURNS(self._turn_state, step)
+
     # -- what the driver tells ----------------------------------------------------------
 
     def created(self) -> None:
@@ -224,34 +255,13 @@ class SessionState:
         self._commands.append(Send(Out(self._events.error(error))))
 
     def handle(self, event: ClientEvent) -> None:
-        """A client event.
+        """A client event, handed to its handler by its type.
 
         Raises:
           RealtimeError: the event is refused (the session goes on).
+          TransitionError: a change of state the tables do not have: a bug here.
         """
-        if isinstance(event, InputAudioBufferAppend):
-            self._append(event)
-        elif isinstance(event, SessionUpdate):
-            self._update(event)
-        elif isinstance(event, InputAudioBufferCommit):
-            self._commit(event.event_id)
-        elif isinstance(event, InputAudioBufferClear):
-            self._clear()
-        elif isinstance(event, ConversationItemCreate):
-            self._create_item(event)
-        elif isinstance(event, ConversationItemTruncate):
-            item = self._conversation.truncate(event.item_id, event.audio_end_ms, event.event_id)
-            self._put(
-                "conversation.item.truncated",
-                item_id=item.id,
-                content_index=event.content_index,
-                audio_end_ms=event.audio_end_ms,
-                transcript=item.text or "",  # ours: what the answer now says
-            )
-        elif isinstance(event, ResponseCreate):
-            self._create_response(event)
-        else:
-            self._cancel_response(event)
+        self._CLIENT_EVENTS[type(event)](self, event)
 
     def cancel_all(self, reason: str, *, silent: bool = False) -> None:
         """Cancel every response (the session ends)."""
@@ -261,7 +271,7 @@ class SessionState:
     def outgoing(self, response: Response, outs: list[Out]) -> list[Out]:
         """Of a response's new events, those to send now: none while it is held
         (they wait for its turn's commit)."""
-        if response.held:
+        if response.state in _HELD:
             response.backlog += outs
             response.held_bytes += sum(len(out.text) for out in outs)
             return []
@@ -270,19 +280,23 @@ class SessionState:
     def holds_too_much(self, response: Response) -> bool:
         """``response`` is held and holds more than ``outbox_bytes``: it must wait
         (read no more of its request) until its turn ends or it is cancelled."""
-        return response.held and response.held_bytes > self._options.outbox_bytes
+        return response.state in _HELD and response.held_bytes > self._options.outbox_bytes
 
     def ended(self, response: Response, status: Status, details: dict[str, Any] | None) -> Status:
         """``response``'s request is over, as ``status``: its last events follow (or
-        wait, if it is held). Returns its status as told (``cancelled`` if it was)."""
+        wait, if it is held). Returns its status as told (``cancelled`` if it was).
+
+        Raises:
+          TransitionError: its end was told already (a bug of the driver's).
+        """
         if response.cancelled is not None:
             status, details = "cancelled", {"type": "cancelled", "reason": response.cancelled}
-        response.ended = True
-        if response.silent:
+        state = response.state = RESPONSES(response.state, ResponseStep.END)
+        if state is ResponseState.FORGOTTEN:  # cancelled unseen
             self.responses.discard(response)
             return status
         done = response.events.done(status, details)
-        if response.held:  # the turn is not over yet: these wait with the rest
+        if state is ResponseState.HELD_ENDED:  # the turn is not over yet: these wait
             response.done = done
             return status
         self._commands += [Send(Out(text)) for text in done]
@@ -356,7 +370,7 @@ class SessionState:
         if self._model.speech is None:
             return None
         from ..speech._voices import VOICES
-        from ._speech import knows_voice
+        from ._voice import knows_voice
 
         if voice not in VOICES and not knows_voice(voice):
             raise RealtimeError(
@@ -391,7 +405,7 @@ class SessionState:
         for happened in self._vad.feed(event.pcm):
             self._on_vad(happened)
         self._heard_long_enough()
-        if self._turn is None:  # between turns: keep no more than a turn's padding
+        if self._turn_state in _BETWEEN:  # between turns: keep no more than a turn's padding
             self._buffer.drop_before(self._buffer.end_ms - turns.prefix_padding_ms)
 
     def _detector(self, turns: _Turns, event_id: str | None) -> Detector:
@@ -426,66 +440,85 @@ class SessionState:
         return wanted if wanted < silence_ms else silence_ms // 2
 
     def _on_vad(self, happened: VadEvent) -> None:
-        from ..speech import SilenceStarted, SpeechResumed, SpeechStarted, SpeechStopped
+        (self._VAD_EVENTS or self._vad_events())[type(happened)](self, happened)
 
+    def _speech_began(self, happened: SpeechStarted) -> None:
         turns = self._turns
         assert turns is not None
         offset = self._vad_offset
-        if isinstance(happened, SpeechStarted):
-            start = max(
-                self._buffer.start_ms, offset + happened.audio_start_ms - turns.prefix_padding_ms
-            )
-            self._turn = Item(self._conversation.new_id(), "user")
-            self._turn_start = start
-            if turns.interrupt_response and self.response is not None and turns.interrupt_min_ms:
-                # over an answer: it interrupts only once it has lasted long enough
-                self._pending = offset + happened.audio_start_ms + turns.interrupt_min_ms
-                self.trace("speech_pending", self._turn.id)
-                return
-            self._speech_started()
-        elif self._pending is not None:  # a turn over an answer, too short so far
-            if isinstance(happened, SilenceStarted):
-                self._pending_silence = offset + happened.audio_ms
-            elif isinstance(happened, SpeechResumed):
-                self._pending_silence = None
-            elif isinstance(happened, SpeechStopped) and self._turn is not None:
-                end = offset + happened.audio_end_ms
-                if end < self._pending and self.response is not None:
-                    self._backchannel(end)  # it did not last: the answer goes on
-                    return
-                self._speech_started()  # it did, or the answer ended meanwhile
-                self._on_vad(happened)
-        elif isinstance(happened, SilenceStarted):
-            if self._turn is not None:
-                self.trace("silence_started", self._turn.id)
-            if self._turn is not None and turns.create_response and self._options.speculate:
-                audio = self._buffer.between(self._turn_start, offset + happened.audio_ms)
-                self._turn.audio = audio
-                self._speculation = self._start(self._turn, self._modality, held=True)
-        elif isinstance(happened, SpeechResumed):
-            self._drop_speculation()
-        elif isinstance(happened, SpeechStopped) and self._turn is not None:
-            end = offset + happened.audio_end_ms
-            turn, self._turn = self._turn, None
-            self.trace("speech_stopped", turn.id)
-            self._put("input_audio_buffer.speech_stopped", audio_end_ms=end, item_id=turn.id)
-            turn.audio = self._buffer.between(self._turn_start, end)
-            self._buffer.drop_before(end)
-            self._committed(turn)
-            speculation, self._speculation = self._speculation, None
-            if not turns.create_response:
-                return
-            if speculation is not None and not speculation.cancelled:
-                self._promote(speculation)
-            else:
-                self.response = self._start(turn, self._modality)
+        start = max(
+            self._buffer.start_ms, offset + happened.audio_start_ms - turns.prefix_padding_ms
+        )
+        self._turn = Item(self._conversation.new_id(), "user")
+        self._turn_start = start
+        if turns.interrupt_response and self.response is not None and turns.interrupt_min_ms:
+            # over an answer: it interrupts only once it has lasted long enough
+            self._step(TurnStep.SPEECH_OVER_ANSWER)
+            self._pending = offset + happened.audio_start_ms + turns.interrupt_min_ms
+            self.trace("speech_pending", self._turn.id)
+            return
+        self._speech_started(TurnStep.SPEECH_STARTED)
 
-    def _speech_started(self) -> None:
-        """The turn is the user's: an answer it speaks over is interrupted, and the
-        client is told (``speech_started``)."""
+    def _silence_began(self, happened: SilenceStarted) -> None:
+        turns = self._turns
+        assert turns is not None
+        pending = self._turn_state in _PENDING  # a turn over an answer, too short so far
+        self._step(TurnStep.SILENCE_STARTED)
+        if pending:
+            self._pending_silence = self._vad_offset + happened.audio_ms
+            return
+        turn = self._turn
+        if turn is None:
+            return
+        self.trace("silence_started", turn.id)
+        if turns.create_response and self._options.speculate:
+            turn.audio = self._buffer.between(
+                self._turn_start, self._vad_offset + happened.audio_ms
+            )
+            self._speculation = self._start(turn, self._modality, held=True)
+
+    def _speech_resumed(self, happened: SpeechResumed) -> None:
+        pending = self._turn_state in _PENDING
+        self._step(TurnStep.SPEECH_RESUMED)
+        if pending:
+            self._pending_silence = None
+        else:
+            self._drop_speculation()
+
+    def _speech_stopped(self, happened: SpeechStopped) -> None:
+        turns = self._turns
+        assert turns is not None
+        end = self._vad_offset + happened.audio_end_ms
+        if self._turn_state in _PENDING:  # a turn over an answer, too short so far
+            assert self._pending is not None
+            if end < self._pending and self.response is not None:
+                self._backchannel(end)  # it did not last: the answer goes on
+                return
+            self._speech_started(TurnStep.INTERRUPT)  # it did, or the answer ended meanwhile
+        self._step(TurnStep.SPEECH_STOPPED)
+        turn, self._turn = self._turn, None
+        if turn is None:
+            return
+        self.trace("speech_stopped", turn.id)
+        self._put("input_audio_buffer.speech_stopped", audio_end_ms=end, item_id=turn.id)
+        turn.audio = self._buffer.between(self._turn_start, end)
+        self._buffer.drop_before(end)
+        self._committed(turn)
+        speculation, self._speculation = self._speculation, None
+        if not turns.create_response:
+            return
+        if speculation is not None and speculation.state in _PROMOTABLE:
+            self._promote(speculation)
+        else:
+            self.response = self._start(turn, self._modality)
+
+    def _speech_started(self, step: TurnStep) -> None:
+        """The turn is the user's (``step``): an answer it speaks over is interrupted,
+        and the client is told (``speech_started``)."""
         turn, turns = self._turn, self._turns
         assert turn is not None
         assert turns is not None
+        self._step(step)
         self._pending = self._pending_silence = None
         self.trace("speech_started", turn.id)
         if turns.interrupt_response and self.response is not None:
@@ -500,6 +533,7 @@ class SessionState:
         turn = self._turn
         assert turn is not None
         self.trace("backchannel", turn.id)
+        self._step(TurnStep.BACKCHANNEL)
         self._turn, self._pending, self._pending_silence = None, None, None
         self._buffer.drop_before(end)
 
@@ -510,13 +544,17 @@ class SessionState:
         hangover without one), so the speech is known to have lasted only when the
         audio has gone that much further with no silence said -- or a silence was
         said that began after the bound."""
+        state = self._turn_state
+        if state not in _PENDING:
+            return  # most appends
         pending, turns = self._pending, self._turns
-        if pending is None or self._turn is None or turns is None:
-            return
-        silence = self._pending_silence
-        if silence is not None:
+        assert pending is not None
+        assert turns is not None
+        if state is TurnState.PENDING_SILENCE:
+            silence = self._pending_silence
+            assert silence is not None
             if silence >= pending:
-                self._speech_started()
+                self._speech_started(TurnStep.INTERRUPT)
             return
         lag = (
             self._speculate_after(turns.silence_duration_ms)
@@ -524,14 +562,14 @@ class SessionState:
             else turns.silence_duration_ms
         )
         if self._buffer.end_ms >= pending + lag:
-            self._speech_started()
+            self._speech_started(TurnStep.INTERRUPT)
 
     @property
     def turn_idle_timeout(self) -> float | None:
         """Seconds the session may wait for more audio before :meth:`turn_timed_out`:
         while a turn's speech goes on under server VAD; else ``None``."""
         turns = self._turns
-        if turns is None or self._turn is None:
+        if turns is None or self._turn_state in _BETWEEN:
             return None
         return turns.idle_timeout_ms / 1000
 
@@ -558,6 +596,7 @@ class SessionState:
 
     def _forget_turn(self) -> None:
         self._drop_speculation()
+        self._step(TurnStep.FORGET)
         self._turn, self._pending, self._pending_silence = None, None, None
 
     def _drop_speculation(self) -> None:
@@ -576,7 +615,8 @@ class SessionState:
             "conversation.item.added", previous_item_id=previous, item=turn.view("in_progress")
         )
 
-    def _commit(self, event_id: str | None) -> None:
+    def _commit(self, event: InputAudioBufferCommit) -> None:
+        event_id = event.event_id
         self._hearing(event_id, "type")
         if self._buffer.end_ms - self._buffer.start_ms < _MIN_COMMIT_MS:
             raise RealtimeError(
@@ -592,12 +632,22 @@ class SessionState:
         turn.audio = self._buffer.take()
         self._committed(turn)
 
-    def _clear(self) -> None:
+    def _clear(self, event: InputAudioBufferClear) -> None:
         self._forget_turn()
         if self._vad is not None:
             self._vad.reset()
         self._buffer.clear()
         self._put("input_audio_buffer.cleared")
+
+    def _truncate(self, event: ConversationItemTruncate) -> None:
+        item = self._conversation.truncate(event.item_id, event.audio_end_ms, event.event_id)
+        self._put(
+            "conversation.item.truncated",
+            item_id=item.id,
+            content_index=event.content_index,
+            audio_end_ms=event.audio_end_ms,
+            transcript=item.text or "",  # ours: what the answer now says
+        )
 
     def _create_item(self, event: ConversationItemCreate) -> None:
         text = event.text()
@@ -683,7 +733,7 @@ class SessionState:
             modality,
             _resampler(model.outputs) if modality == "audio" else _unchanged,
         )
-        response = Response(events, turn, held=held)
+        response = Response(events, turn, ResponseState.HELD if held else ResponseState.LIVE)
         self.responses.add(response)
         self.trace("response_started", response.events.id)
         if not held:
@@ -719,13 +769,13 @@ class SessionState:
         """The turn is over: the speculation becomes the response, and what it held
         goes out after the turn's commit."""
         self.response = response
-        response.held = False
+        state = response.state = RESPONSES(response.state, ResponseStep.PROMOTE)
         self._announce(response)
         backlog, response.backlog = response.backlog, []
         response.held_bytes = 0
         self._commands += [Send(out, response) for out in backlog]
         self._commands += [Send(Out(text)) for text in response.done]  # it ended while held
-        if response.ended:
+        if state is ResponseState.TOLD:
             self._finished(response)
 
     def _announce(self, response: Response) -> None:
@@ -739,13 +789,16 @@ class SessionState:
         return items[-1].id if items else None
 
     def _cancel(self, response: Response, reason: str, *, silent: bool = False) -> None:
+        was = response.state
+        state = response.state = RESPONSES(
+            was, ResponseStep.CANCEL_UNSEEN if silent else ResponseStep.CANCEL
+        )
         if response.cancelled is None:
             response.cancelled = reason
-            response.silent = silent or response.held
             self.trace("response_cancelled", response.events.id)
-        if not response.ended:
+        if was not in _ENDED:  # its request runs
             self._commands.append(Cancel(response))
-        elif response.silent:  # a speculation that ended held: forgotten unseen
+        elif state is ResponseState.FORGOTTEN:  # a speculation that ended held: unseen
             self.responses.discard(response)
         if self.response is response:
             self.response = None
@@ -754,6 +807,36 @@ class SessionState:
         self.responses.discard(response)
         if self.response is response:
             self.response = None
+
+    #: Each client event's handler, by its type.
+    _CLIENT_EVENTS: ClassVar[dict[type[Any], Callable[[SessionState, Any], None]]] = {
+        InputAudioBufferAppend: _append,
+        SessionUpdate: _update,
+        InputAudioBufferCommit: _commit,
+        InputAudioBufferClear: _clear,
+        ConversationItemCreate: _create_item,
+        ConversationItemTruncate: _truncate,
+        ResponseCreate: _create_response,
+        ResponseCancel: _cancel_response,
+    }
+    #: Each of the detector's events' handler, by its type (:meth:`_vad_events`).
+    _VAD_EVENTS: ClassVar[dict[type[Any], Callable[[SessionState, Any], None]]] = {}
+
+    @classmethod
+    def _vad_events(cls) -> dict[type[Any], Callable[[SessionState, Any], None]]:
+        """:attr:`_VAD_EVENTS`, filled at the first detector's event (they are
+        ``omni_trio.speech``'s, imported with the detector)."""
+        from ..speech import SilenceStarted, SpeechResumed, SpeechStarted, SpeechStopped
+
+        cls._VAD_EVENTS.update(
+            {
+                SpeechStarted: cls._speech_began,
+                SilenceStarted: cls._silence_began,
+                SpeechResumed: cls._speech_resumed,
+                SpeechStopped: cls._speech_stopped,
+            }
+        )
+        return cls._VAD_EVENTS
 
 
 def failed(message: str) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from ._protocol import (
     unavailable,
 )
 from ._response import SSE_HEADERS, EndpointResponse
+from ._voice import knows_voice, unknown_voice
 
 if TYPE_CHECKING:
     from ._model import ServedModel, SpeechRoute
@@ -48,9 +49,7 @@ __all__ = [
     "SpeechPlan",
     "SpeechRequest",
     "SpeechResponse",
-    "knows_voice",
     "plan_speech",
-    "unknown_voice",
 ]
 
 #: OpenAI's limit on ``input``.
@@ -96,31 +95,6 @@ class SpeechPlan:
     def chat_plan(self) -> Plan:
         """The same request as the server's metrics see a chat's: one audio output."""
         return Plan(self.prompt, (self.route.output,), True, False, self.format, None)
-
-
-def unknown_voice(voice: str, param: str) -> OpenAIError:
-    """The 400 for a voice that is neither OpenAI's nor eSpeak NG's: it lists them."""
-    return OpenAIError(
-        400,
-        f"unknown voice {voice!r}: the voices are {', '.join(sorted(VOICES))}, "
-        "or an eSpeak NG voice's name ('en', 'en-us', 'fr', 'en-us+f3', ...)",
-        param=param,
-    )
-
-
-def knows_voice(name: str) -> bool:
-    """Whether eSpeak NG, loaded in this process, has a voice ``name``."""
-    try:
-        from ..speech._espeak import ESpeak
-
-        speech = ESpeak.get()
-    except Exception:  # no speech extra here: OpenAI's names only
-        return False
-    try:
-        speech.phonemes("", name)
-    except ValueError:
-        return False
-    return True
 
 
 def _one_of(param: str, value: str, allowed: tuple[str, ...]) -> None:

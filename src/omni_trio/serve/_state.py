@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 import trio
@@ -16,15 +16,15 @@ from trio_util import AsyncValue
 from .._priority import DEFAULT_AGING_S, rank
 from ._metrics import ServerMetrics
 from ._protocol import unavailable
+from ._statistics import ServerStatistics
 
 if TYPE_CHECKING:
     from .._messages import OrchOutput
     from .._orchestrator import Orchestrator
     from ._answer import Plan
     from ._model import ServedModel
-    from ._realtime import RealtimeEndpoint
 
-__all__ = ["DEFAULT_PRIORITIES", "OutputsHook", "ServerState", "ServerStatistics", "Ticket"]
+__all__ = ["DEFAULT_PRIORITIES", "OutputsHook", "ServerState", "Sessions", "Ticket"]
 
 #: Each endpoint's priority where neither the request nor the config says (lower
 #: runs earlier): a spoken turn goes ahead of chat and batch work.
@@ -34,22 +34,13 @@ OutputsHook = Callable[[list["OrchOutput"]], None]
 """``on_outputs(batch)``: a request's outputs, one batch as its response takes it."""
 
 
-@attrs.frozen
-class ServerStatistics:
-    """A snapshot of the server's per-request records (:meth:`ServerState.statistics`):
-    all 0 once no chat request is being handled.
+class Sessions(Protocol):
+    """What the state needs of ``/v1/realtime``'s endpoint
+    (:class:`~._realtime.RealtimeEndpoint`): the endpoint and its sessions use the
+    state, and the state knows them by this alone."""
 
-    Attributes:
-      active: Chat requests being handled, waiting for a slot or running.
-      running: Of those, the ones admitted to the orchestrator.
-      waiting: Of those, the ones waiting for a ``max_in_flight`` slot.
-      tickets: The requests' places the server keeps (one per active request).
-    """
-
-    active: int
-    running: int
-    waiting: int
-    tickets: int
+    def stop_all(self) -> None:
+        """End every session (the server stops)."""
 
 
 @attrs.define(eq=False)
@@ -85,7 +76,7 @@ class ServerState:
     #: Why the lifespan failed to start the pipeline, if it did.
     startup_error: Exception | None = None
     #: ``/v1/realtime``'s sessions (set by :func:`create_app`).
-    realtime: RealtimeEndpoint | None = None
+    realtime: Sessions | None = None
 
     def __attrs_post_init__(self) -> None:
         self.metrics = ServerMetrics(

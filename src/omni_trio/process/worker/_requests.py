@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import TYPE_CHECKING
 
 import trio
 
@@ -18,9 +17,6 @@ from ._engine import ChunkLostError
 from ._framing import FrameWriter
 from ._links import InLink, OutLink
 from ._ring import RingError
-
-if TYPE_CHECKING:
-    from ._worker import Worker
 
 __all__ = [
     "YIELD_EVERY",
@@ -102,7 +98,9 @@ class OutputCredit:
     request has credit for one more output and for its bytes -- or, if it is bigger
     than what is left, once at least half the window is (so an output of any size
     goes out eventually, and a window the consumer emptied always comes back).
-    Otherwise the request's engine waits, holding the output it made.
+    Otherwise the request's engine waits, holding the output it made -- only an
+    output larger than the one before, since the worker waits for credit for one
+    like its last before it asks the engine for the next.
     """
 
     __slots__ = ("nbytes", "outputs", "wakeup", "window")
@@ -267,10 +265,15 @@ class WorkerRequest:
 
 
 class RequestIO:
-    """The worker's side of :class:`omni_trio.process.ChunkIO`."""
+    """The worker's side of :class:`omni_trio.process.ChunkIO`: one request's
+    chunks, through the worker's ``gate``; ``connected``: the worker has chunk links
+    (async_chunk mode)."""
 
-    def __init__(self, worker: Worker, request_id: str, request: WorkerRequest) -> None:
-        self._worker = worker
+    def __init__(
+        self, gate: Gate, request_id: str, request: WorkerRequest, *, connected: bool
+    ) -> None:
+        self._gate = gate
+        self._connected = connected
         self._request_id = request_id
         self._request = request
         self._since_yield = 0  # sends and reads that did not yield to other tasks
@@ -286,7 +289,7 @@ class RequestIO:
 
     @property
     def connected(self) -> bool:
-        return self._worker.init.chunks
+        return self._connected
 
     @property
     def sources(self) -> tuple[int, ...]:
@@ -301,8 +304,8 @@ class RequestIO:
         return self._request.priority
 
     async def send(self, chunk: bytes | bytearray | memoryview, *, to: int | None = None) -> None:
-        worker, request = self._worker, self._request
-        if not worker.init.chunks:
+        request = self._request
+        if not self._connected:
             raise RuntimeError("this stage has no connector: chunks need async_chunk mode")
         links, sent = request.links, request.sent
         indexes: Sequence[int] = range(len(links))
@@ -367,7 +370,7 @@ class RequestIO:
             await trio.lowlevel.checkpoint()
             raise StopAsyncIteration
         if request.broken is None:
-            gate = self._worker.gate
+            gate = self._gate
             inbox = request.inbox_receive
             if request.inside and not inbox.statistics().current_buffer_used:
                 request.inside = False  # waiting for a chunk is not computing
@@ -395,7 +398,7 @@ class RequestIO:
         request = self._request
         if not request.inside:
             try:
-                await self._worker.gate.enter(request.priority)
+                await self._gate.enter(request.priority)
             except BaseException:  # cancelled: nobody reads it, give it back
                 if link is not None and isinstance(notice, wire.Chunk) and not notice.eos:
                     self._ack(link, notice)
@@ -498,7 +501,7 @@ class RequestIO:
         request = self._request
         if request.inside:
             request.inside = False
-            self._worker.gate.leave()
+            self._gate.leave()
 
     def _take_any(self, sources: list[int]) -> Notice | None:
         """The next notice of any of ``sources`` that is here: set aside, or in the

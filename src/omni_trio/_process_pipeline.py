@@ -1,5 +1,8 @@
 """A whole pipeline of stages -- each in a worker process, in-process or in a Ray
-actor -- from a config."""
+actor -- from a config (:func:`omni_trio.process.open_process_pipeline`).
+
+It reads a config and opens the process wing's stages, so it sits above both, beside
+:func:`omni_trio.open_pipeline`: nothing in ``process/`` reads a config."""
 
 from __future__ import annotations
 
@@ -10,12 +13,12 @@ from typing import Any
 
 import attrs
 
-from .._util import final, stage_label
-from ..config import PipelineConfig
-from ._connector import ShmConnector, open_shm_connector
-from ._open import open_inprocess_stage, open_process_stage
-from ._stage import ProcessStage
-from .worker import _shm
+from ._util import final, stage_label
+from .config import PipelineConfig
+from .process._connector import ShmConnector, open_shm_connector
+from .process._open import open_inprocess_stage, open_process_stage
+from .process._stage import ProcessStage
+from .process.worker import _shm
 
 __all__ = ["ProcessPipeline", "open_process_pipeline", "open_stages"]
 
@@ -99,8 +102,8 @@ async def open_stages(
             }
             listen_host = ""
             if opener is None and any(stage.runtime.backend == "ray" for stage in config.stages):
-                from ._ray_launcher import open_ray_stage
-                from ._ray_session import open_ray_session
+                from .process._ray_launcher import open_ray_stage
+                from .process._ray_session import open_ray_session
 
                 address = config.pipeline.ray_address
                 session = await stack.enter_async_context(open_ray_session(address))
