@@ -95,8 +95,10 @@ _write_bytecode()
 
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
-    """The whole test suite: the server's (the serve extra), the speech engines' (the
-    speech extra: eSpeak NG) and the timeline picture's (the plot extra) included."""
+    """The whole test suite, on every supported Python.
+
+    The server's tests (the serve extra), the speech engines' (the speech extra:
+    eSpeak NG) and the timeline picture's (the plot extra) included."""
     session.install("-e", ".[test,serve,speech,plot]")
     env = {} if session.python == FULL_SIZE_PYTHON else {"OMNI_TRIO_TEST_SIZE": "small"}
     session.run("pytest", *PARALLEL, *session.posargs, env=env)
@@ -120,9 +122,11 @@ VOICE_TESTS = [
 
 @nox.session(python="3.11")
 def voice(session: nox.Session) -> None:
-    """Realtime voice: the voice extra (faster-whisper and its bundled tiny.en,
-    the VAD's models) on one Python. The other sessions install none of it (but the
-    ray session, for the listen stage on Ray), and skip these tests."""
+    """Realtime voice's tests: Whisper, the VAD, /v1/realtime and the voice pipeline.
+
+    The voice extra (faster-whisper and its bundled tiny.en, the VAD's models) on one
+    Python. The other sessions install none of it (but the ray session, for the
+    listen stage on Ray), and skip these tests."""
     session.install("-e", ".[test,serve,voice,plot]")
     env = {"OMNI_TRIO_REQUIRE_VOICE": "1"}
     session.run("pytest", *PARALLEL, *VOICE_TESTS, *session.posargs, env=env)
@@ -149,10 +153,11 @@ def _install_browser(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def page(session: nox.Session) -> None:
-    """The voice page (``/`` of ``omni-trio serve``) in a real headless Chromium whose
-    microphone is a WAV file of eSpeak NG: Debian's chromium and chromium-driver
-    (installed with apt-get if missing), Selenium, the voice extra. The other
-    sessions skip these tests."""
+    """The voice page's tests, in a real headless Chromium.
+
+    The page is ``/`` of ``omni-trio serve``; the browser's microphone is a WAV file
+    of eSpeak NG. Debian's chromium and chromium-driver (installed with apt-get if
+    missing), Selenium, the voice extra. The other sessions skip these tests."""
     _install_browser(session)
     session.install("-e", ".[test,serve,voice]", "selenium>=4.20")
     env = {"OMNI_TRIO_REQUIRE_VOICE": "1", "OMNI_TRIO_REQUIRE_BROWSER": "1"}
@@ -179,10 +184,11 @@ def install_model(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def llm(session: nox.Session) -> None:
-    """The real language model: the llm extra (xllamacpp) and the model, with the voice
-    extra for the assistant pipeline, on one Python. The other sessions install no
-    model and keep the simulated thinker (their model-free tests of omni_trio.llm
-    run everywhere)."""
+    """The real language model's tests: SmolLM2-135M on llama.cpp.
+
+    The llm extra (xllamacpp) and the model, with the voice extra for the assistant
+    pipeline, on one Python. The other sessions install no model and keep the
+    simulated thinker (their model-free tests of omni_trio.llm run everywhere)."""
     session.install("-e", ".[test,serve,voice,llm,plot]")
     install_model(session)
     env = {"OMNI_TRIO_REQUIRE_LLM": "1", "OMNI_TRIO_REQUIRE_VOICE": "1"}
@@ -191,10 +197,12 @@ def llm(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def ray(session: nox.Session) -> None:
-    """Stages on a Ray cluster (tests/test_ray.py, on a local multi-node cluster bound
-    to 127.0.0.1), then the process stages' tests with every stage a Ray actor (the
-    speech engines' and the listen stage's too): the ray extra, on one Python. The
-    other sessions install no Ray, and skip these."""
+    """Stages on a Ray cluster: its own tests, then the process stages' as Ray actors.
+
+    tests/test_ray.py runs on a local multi-node cluster bound to 127.0.0.1, then the
+    process stages' tests with every stage a Ray actor (the speech engines' and the
+    listen stage's too): the ray extra, on one Python. The other sessions install no
+    Ray, and skip these."""
     session.install("-e", ".[test,ray,speech,voice]")
     env = {"OMNI_TRIO_REQUIRE_RAY": "1"}
     session.run("pytest", "tests/test_ray.py", "tests/test_ray_bench.py", *session.posargs, env=env)
@@ -225,7 +233,7 @@ def compare(session: nox.Session) -> None:
 
 @nox.session(python="3.12")
 def lint(session: nox.Session) -> None:
-    """ruff: pyflakes, pycodestyle, bugbear, flake8-async (ASYNC) and formatting."""
+    """Lint with ruff (pyflakes, pycodestyle, bugbear, flake8-async, ...) and its formatter."""
     session.install("ruff")
     session.run("ruff", "check", *LINTED)
     session.run("ruff", "format", "--check", *LINTED)
@@ -233,7 +241,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python="3.12")
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict on the package (checked as Python 3.10, the oldest supported)."""
+    """Type-check the package with mypy --strict, as Python 3.10 (the oldest supported)."""
     # the 3.10-only dependencies, and the bench extras the benchmark code imports
     session.install("mypy", "-e", ".[bench,serve,plot,voice,llm]", "exceptiongroup", "taskgroup")
     session.run("mypy", "--strict", "src")
@@ -250,20 +258,23 @@ def docs(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def simulate(session: nox.Session) -> None:
-    """Seeded simulations in virtual time (not a default session; the suite runs a
-    fixed set of seeds): ``nox -s simulate`` runs 500 random seeds, every invariant
-    checked; ``nox -s simulate -- --seed N`` replays one (``-- --seed N --trace
-    t.txt`` writes its trace); any ``omni-trio simulate`` option goes after ``--``."""
+    """500 random seeds of the simulation in virtual time (not a default session).
+
+    The suite runs a fixed set of seeds; ``nox -s simulate`` runs 500 random ones,
+    every invariant checked; ``nox -s simulate -- --seed N`` replays one (``-- --seed
+    N --trace t.txt`` writes its trace); any ``omni-trio simulate`` option goes after
+    ``--``."""
     session.install("-e", ".")
     session.run("omni-trio", "simulate", *(session.posargs or ["--runs", "500"]))
 
 
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
-    """``omni-trio bench`` (not a default session): Trio vs the asyncio twin vs uvloop;
-    ``nox -s bench -- --only voice``, ``-- --only llm`` or ``-- --only audio``: realtime
-    voice, the language model, OpenAI's audio endpoints (their extras and the model are
-    installed too)."""
+    """The benchmark: Trio vs the asyncio twin vs uvloop (not a default session).
+
+    ``omni-trio bench``; ``nox -s bench -- --only voice``, ``-- --only llm`` or ``--
+    --only audio``: realtime voice, the language model, OpenAI's audio endpoints (their
+    extras and the model are installed too)."""
     session.install(".[bench,serve,voice,llm]")
     install_model(session)
     session.run("omni-trio", "bench", *session.posargs)
@@ -271,10 +282,11 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(python=None)
 def demo(session: nox.Session) -> None:
-    """The main job: ``omni-trio demo`` -- an omni pipeline in worker processes whose
-    thinker is a real language model (SmolLM2-135M on llama.cpp: the llm extra and the
-    model), spoken by eSpeak NG (the speech extra), its timeline drawn (the plot
-    extra). On the Python that runs nox: any supported one will do."""
+    """The main job: ``omni-trio demo``, an omni pipeline that thinks and speaks.
+
+    Its worker processes' thinker is a real language model (SmolLM2-135M on llama.cpp:
+    the llm extra and the model), spoken by eSpeak NG (the speech extra), its timeline
+    drawn (the plot extra). On the Python that runs nox: any supported one will do."""
     session.install(".[speech,plot,llm]")
     install_model(session)
     session.run("omni-trio", "demo", *session.posargs)

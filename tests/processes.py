@@ -103,9 +103,10 @@ def children_of(pids):
 
 def is_worker(cmdline: bytes) -> bool:
     """Whether a command line is a stage worker's: the program the process launcher
-    gives its workers (``python -c WORKER_MAIN --control-fd N``), so the test follows
-    the code wherever the worker moves."""
-    return cmdline.split(b"\0")[1:3] == [b"-c", WORKER_MAIN.encode()]
+    gives its workers (``python -c "'omni-trio worker NAME'; WORKER_MAIN" --control-fd
+    N``), so the test follows the code wherever the worker moves."""
+    args = cmdline.split(b"\0")
+    return args[1:2] == [b"-c"] and len(args) > 2 and args[2].endswith(WORKER_MAIN.encode())
 
 
 def worker_processes():

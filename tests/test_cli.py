@@ -273,6 +273,10 @@ BAD_ARGUMENTS = [
     ("serve missing.toml", "omni-trio serve: missing.toml: cannot read it"),
     ("serve bad.toml", "bad.toml: stages[0]: Object missing required field `engine`"),
     ("serve --port {busy}", "omni-trio serve: --port must be free on 127.0.0.1, {busy} is not"),
+    (
+        "serve --host 192.0.2.1",  # TEST-NET-1: an address no machine of ours has
+        "omni-trio serve: --host must be an address of this machine, 192.0.2.1 is not",
+    ),
     ("serve {demo} extra", "omni-trio serve: unrecognized arguments: extra"),
 ]
 
@@ -354,6 +358,48 @@ def test_the_version_and_python_m(tmp_path, capsys):
     done = omni_trio_cli("--help", cwd=tmp_path)
     assert done.returncode == 0
     assert done.stdout.startswith("usage: omni-trio [-h] [--version] COMMAND ...")
+
+
+@pytest.mark.parametrize("host", ["192.0.2.1", "2001:db8::1"])
+def test_serve_on_an_address_this_machine_lacks_names_the_host_not_the_port(host, capsys):
+    """EADDRNOTAVAIL is the host's fault: the port is free, the address is not ours
+    (192.0.2.1 and 2001:db8::1 are for documentation: no machine has them)."""
+    assert main(["serve", "demo", "--host", host, "--port", "0"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"omni-trio serve: --host must be an address of this machine, {host} ")
+    assert "--port" not in line
+
+
+def serve_parser():
+    """``omni-trio serve``'s parser, as ``--help`` shows it."""
+    import argparse
+
+    from omni_trio.cli import serve
+
+    commands = argparse.ArgumentParser(prog="omni-trio").add_subparsers()
+    serve.add_parser(commands)
+    return commands.choices["serve"]
+
+
+def test_serve_help_shows_every_default(capsys):
+    parser = serve_parser()
+    for action in parser._actions:
+        if action.dest != "help":
+            assert "default" in (action.help or ""), f"{action.option_strings}: {action.help}"
+    assert main(["serve", "--help"]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "--host HOST the address to listen on (default: 127.0.0.1)" in shown
+    assert "--port PORT 0: any free port (default: 8000)" in shown
+    assert "(default: 1048576, 1 MiB)" in shown
+    assert "(default: 300)" in shown  # %(default)g: not 300.0
+    assert "%(" not in shown
+
+
+def test_the_commands_shutdown_grace_default_is_the_configs():
+    from omni_trio.cli._common import _DEFAULT_GRACE
+    from omni_trio.config import PipelineSection
+
+    assert PipelineSection().shutdown_grace == _DEFAULT_GRACE
 
 
 def test_compare_fits_80_columns_and_cuts_nothing(capsys, monkeypatch):

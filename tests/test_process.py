@@ -7,6 +7,9 @@ prefix and no worker process behind (checked by ``running``).
 from __future__ import annotations
 
 import os
+import shutil
+import sys
+from pathlib import Path
 
 import pytest
 import trio
@@ -20,7 +23,7 @@ from omni_trio.process import (
     open_process_stage,
 )
 from omni_trio.process.worker import _shm
-from processes import eventually, pipeline_config, running
+from processes import eventually, is_worker, pipeline_config, running
 
 THREE_STAGES = [
     ("stream", "{ count = 3 }", True, ""),
@@ -437,3 +440,34 @@ async def test_ten_thousand_requests_leave_no_growth():
             assert after[pid][0] - before[pid][0] < 16 * 1024, (pid, before[pid], after[pid])
             assert after[pid][1] - before[pid][1] < 4, (pid, before[pid], after[pid])
         assert orch.statistics().completed == total
+
+
+async def test_ps_names_each_worker_by_its_stage_and_replica():
+    """A worker process's command line (``/proc/PID/cmdline``, what ``ps`` shows) says
+    its stage and replica first: ``python -c 'omni-trio worker thinker[1]'; ...``, and
+    a restarted worker's says the same."""
+    options = WorkerOptions(replicas=2, restart=True)
+
+    def names(stage):
+        said = []
+        for replica in stage._replicas:
+            args = Path(f"/proc/{replica.worker.pid}/cmdline").read_bytes().split(b"\0")
+            assert is_worker(b"\0".join(args))
+            assert args[:2] == [sys.executable.encode(), b"-c"]
+            said.append(args[2].split(b";")[0].decode())
+        return said
+
+    async with open_process_stage(
+        "process_engines:stream", stage_id=0, name="thinker", options=options
+    ) as stage:
+        assert names(stage) == ["'omni-trio worker thinker[0]'", "'omni-trio worker thinker[1]'"]
+        if shutil.which("ps"):  # as a user sees it
+            ps = await trio.run_process(
+                ["ps", "-o", "args=", "-p", str(stage.pid)], capture_stdout=True
+            )
+            shown = ps.stdout.decode()
+            assert shown.startswith(f"{sys.executable} -c 'omni-trio worker thinker[0]'; ")
+        first = stage.pid
+        stage.kill()
+        await eventually(lambda: stage.pid is not None and stage.pid != first)
+        assert names(stage)[0] == "'omni-trio worker thinker[0]'"

@@ -725,3 +725,5 @@ def test_the_commands_defaults_are_the_servers():
     assert args.max_waiting == DEFAULT_MAX_WAITING
     assert args.max_request_bytes == DEFAULT_MAX_REQUEST_BYTES
     assert args.write_timeout == DEFAULT_WRITE_TIMEOUT
+    assert args.tune_gc is True
+    assert _parse(["serve", "--no-gc-tuning"]).tune_gc is False

@@ -31,6 +31,7 @@ __all__ = [
     "one_line",
     "pipeline_config",
     "pipeline_options",
+    "plural",
     "port",
     "positive_int",
     "positive_number",
@@ -64,6 +65,11 @@ class UsageError(Exception):
 def one_line(text: object) -> str:
     """``text`` with its line breaks (a multi-line cause, say) joined by spaces."""
     return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def plural(number: int, noun: str) -> str:
+    """``number`` and ``noun``, in the plural unless it is 1: ``1 run``, ``2 runs``."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
 def fail(message: str, status: int) -> int:
@@ -180,6 +186,11 @@ def need_language_model(config: PipelineConfig, name: str) -> None:
             )
 
 
+#: ``[pipeline] shutdown_grace`` when a config has none (``PipelineSection``'s), said
+#: without importing the config module (tests/test_cli.py checks they agree).
+_DEFAULT_GRACE = 5.0
+
+
 def pipeline_options(command: argparse.ArgumentParser, *, grace: str) -> None:
     """The ``[pipeline]`` options a command may override (read by
     :func:`pipeline_config`)."""
@@ -187,13 +198,22 @@ def pipeline_options(command: argparse.ArgumentParser, *, grace: str) -> None:
         "--stage-idle-timeout",
         type=positive_number,
         metavar="SECONDS",
-        help="end a request whose stage sends nothing for this long (overrides [pipeline])",
+        help="end a request whose stage sends nothing for this long (overrides [pipeline]; "
+        "default: the config's stage_idle_timeout, else no watchdog)",
     )
     command.add_argument(
-        "--max-in-flight", type=positive_int, metavar="N", help="overrides [pipeline]"
+        "--max-in-flight",
+        type=positive_int,
+        metavar="N",
+        help="requests in flight at once; more wait (overrides [pipeline]; default: the "
+        "config's max_in_flight, else no limit)",
     )
     command.add_argument(
-        "--shutdown-grace", type=seconds, metavar="SECONDS", help=f"{grace} (overrides [pipeline])"
+        "--shutdown-grace",
+        type=seconds,
+        metavar="SECONDS",
+        help=f"{grace} (overrides [pipeline]; default: the config's shutdown_grace, else "
+        f"{_DEFAULT_GRACE:g})",
     )
 
 

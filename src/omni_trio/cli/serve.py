@@ -36,8 +36,8 @@ def add_parser(commands: Commands) -> None:
         "serve",
         help="an OpenAI-compatible streaming server for a pipeline (the serve extra)",
         description="Serve PIPELINE (a TOML config, or a shipped one: 'demo', the default, "
-        "'speech', 'voice' or 'assistant') over HTTP: GET / (a voice page to talk to it "
-        "in a browser), "
+        "'subtitled', 'speech', 'voice' or 'assistant') over HTTP: GET / (a voice page to "
+        "talk to it in a browser), "
         "POST /v1/chat/completions (streamed or not, text and audio), the Realtime API's "
         "WebSocket /v1/realtime (voice in and out, barge-in), POST /v1/audio/speech "
         "(a pipeline with a talker), POST /v1/audio/transcriptions (one that listens), "
@@ -45,30 +45,42 @@ def add_parser(commands: Commands) -> None:
         "/health, /metrics. SIGTERM drains: requests in flight finish within "
         "shutdown_grace, new ones get 503. See docs/serving.md.",
     )
-    serve.add_argument("pipeline", metavar="PIPELINE", nargs="?")
-    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on")
-    serve.add_argument("--port", type=port, default=8000, help="0: any free port")
+    serve.add_argument(
+        "pipeline",
+        metavar="PIPELINE",
+        nargs="?",
+        help="a TOML config, or a shipped pipeline: demo, subtitled, speech, voice or "
+        "assistant (default: demo)",
+    )
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on (default: %(default)s)"
+    )
+    serve.add_argument(
+        "--port", type=port, default=8000, help="0: any free port (default: %(default)s)"
+    )
     serve.add_argument(
         "--max-waiting",
         type=count,
         default=64,
         metavar="N",
-        help="requests that may wait for a max_in_flight slot; more get 503 at once",
+        help="requests that may wait for a max_in_flight slot; more get 503 at once "
+        "(default: %(default)s)",
     )
     serve.add_argument(
         "--max-request-bytes",
         type=positive_int,
         default=1024 * 1024,
         metavar="N",
-        help="the largest request body the server reads (default 1 MiB); a longer one gets 413",
+        help="the largest request body the server reads; a longer one gets 413 "
+        "(default: %(default)s, 1 MiB)",
     )
     serve.add_argument(
         "--max-audio-seconds",
         type=positive_number,
         default=300.0,
         metavar="SECONDS",
-        help="the longest audio /v1/audio/transcriptions takes (default 300); a longer "
-        "file gets 400",
+        help="the longest audio /v1/audio/transcriptions takes; a longer file gets 400 "
+        "(default: %(default)g)",
     )
     serve.add_argument(
         "--write-timeout",
@@ -76,7 +88,14 @@ def add_parser(commands: Commands) -> None:
         default=75.0,
         metavar="SECONDS",
         help="a client that leaves the server's writes unread this long (its socket open, "
-        "its receive window shut) is disconnected (default 75; 0: never)",
+        "its receive window shut) is disconnected; 0: never (default: %(default)g)",
+    )
+    serve.add_argument(
+        "--no-gc-tuning",
+        dest="tune_gc",
+        action="store_false",
+        help="leave the garbage collector as it is (by default the server freezes the heap "
+        "it started with and makes full collections ten times rarer)",
     )
     realtime = serve.add_argument_group("realtime sessions (/v1/realtime, see docs/voice.md)")
     realtime.add_argument(
@@ -84,21 +103,21 @@ def add_parser(commands: Commands) -> None:
         type=positive_int,
         default=16,
         metavar="N",
-        help="sessions at once; the next upgrade gets 503 (default 16)",
+        help="sessions at once; the next upgrade gets 503 (default: %(default)s)",
     )
     realtime.add_argument(
         "--realtime-max-buffer-seconds",
         type=positive_number,
         default=60.0,
         metavar="SECONDS",
-        help="the input audio a session may buffer uncommitted (default 60)",
+        help="the input audio a session may buffer uncommitted (default: %(default)g)",
     )
     realtime.add_argument(
         "--realtime-max-event-bytes",
         type=positive_int,
         default=1024 * 1024,
         metavar="N",
-        help="the largest client event (default 1 MiB)",
+        help="the largest client event (default: %(default)s, 1 MiB)",
     )
     realtime.add_argument(
         "--realtime-idle-timeout",
@@ -106,7 +125,7 @@ def add_parser(commands: Commands) -> None:
         default=300.0,
         metavar="SECONDS",
         help="a session with no client event this long (and no response streaming) is "
-        "closed (default 300)",
+        "closed (default: %(default)g)",
     )
     realtime.add_argument(
         "--realtime-priority",
@@ -120,7 +139,8 @@ def add_parser(commands: Commands) -> None:
         "--no-realtime-speculation",
         dest="realtime_speculate",
         action="store_false",
-        help="recognise a turn only once the VAD ends it, not from the start of its silence",
+        help="recognise a turn only once the VAD ends it, not from the start of its "
+        "silence (default: from the start of its silence)",
     )
     pipeline_options(serve, grace="how long a drain lets requests in flight run")
     serve.set_defaults(run=_serve, check=_check)
@@ -137,8 +157,10 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def _check_address(host: str, port: int) -> None:
-    """Bind ``host:port`` for a moment, as the server will (so a port in use is said
-    now, not after the stages started)."""
+    """Bind ``host:port`` for a moment, as the server will (so a port in use, or a
+    host that is none of this machine's addresses, is said now, not after the stages
+    started)."""
+    import errno
     import socket
 
     try:
@@ -146,23 +168,30 @@ def _check_address(host: str, port: int) -> None:
     except OSError as exc:
         raise UsageError(f"--host must be an address of this machine, {host!r}: {exc}") from None
     family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
+    try:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind(address)
-        except OSError as exc:
+    except OSError as exc:
+        why = exc.strerror or exc
+        # No interface of ours has the address (or its family, IPv6 switched off): the
+        # host's fault, whatever the port.
+        if exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
             raise UsageError(
-                f"--port must be free on {host}, {port} is not: {exc.strerror or exc}"
+                f"--host must be an address of this machine, {host} is not: {why}"
             ) from None
+        raise UsageError(f"--port must be free on {host}, {port} is not: {why}") from None
 
 
 def _serve(args: argparse.Namespace) -> int:
     from functools import partial
 
     from .._runtime import run_under_signals
+    from .._util import return_large_buffers
     from ..config import ConfigError
     from ..process import WorkerStartError
 
+    return_large_buffers()  # a request's large outputs, once freed, do not stay as RSS
     config = args.config
     grace = config.pipeline.shutdown_grace
     directories = (
@@ -215,6 +244,7 @@ async def _serve_main(
                     stopping=stopping,
                     shutdown_grace=config.pipeline.shutdown_grace,
                     write_timeout=args.write_timeout,
+                    tune_gc=args.tune_gc,
                 )
             )
             print(

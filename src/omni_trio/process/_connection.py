@@ -116,7 +116,8 @@ class WorkerConnection:
           WorkerStartError: its engine could not be loaded, it exited, or it did not
               answer within ``options.startup_timeout``. The worker is gone then.
         """
-        launched = await launcher.launch(nursery)
+        # "thinker[0]": what ps shows of a worker process (see WorkerLauncher.launch)
+        launched = await launcher.launch(nursery, name=f"{init.name}[{init.replica}]")
         worker = cls(launched, label=label, generation=init.generation, options=options)
         try:
             await worker._handshake(init)
@@ -234,12 +235,11 @@ class WorkerConnection:
                 self.last_heard = trio.current_time()
                 items: list[StageOutput] = []
                 for frame in frames:
-                    kind = type(frame)
-                    if (kind is wire.Output or kind is wire.Failed) and lives.get(
-                        frame.request_id
-                    ) != frame.life:
-                        self.stale_outputs += 1  # its life was released: late, not ours
-                    elif kind is wire.Output:
+                    kind = type(frame)  # one test per frame: outputs come first
+                    if kind is wire.Output:
+                        if lives.get(frame.request_id) != frame.life:
+                            self.stale_outputs += 1  # its life was released: late, not ours
+                            continue
                         items.append(
                             StageOutput(
                                 frame.request_id, frame.data, frame.finished, meta=frame.meta
@@ -248,6 +248,9 @@ class WorkerConnection:
                         if frame.finished:
                             in_flight.discard(frame.request_id)
                     elif kind is wire.Failed:
+                        if lives.get(frame.request_id) != frame.life:
+                            self.stale_outputs += 1
+                            continue
                         items.append(StageOutput(frame.request_id, error=frame.error))
                         in_flight.discard(frame.request_id)
                     elif kind is wire.Fatal:

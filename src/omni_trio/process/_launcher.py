@@ -88,12 +88,14 @@ class WorkerLauncher(Protocol):
     def backend(self) -> str:
         """Its name in a config's ``[stages.runtime] backend``."""
 
-    async def launch(self, nursery: trio.Nursery) -> LaunchedWorker:
+    async def launch(self, nursery: trio.Nursery, *, name: str) -> LaunchedWorker:
         """Start a worker serving the wire protocol on its end of a fresh connection.
 
         ``nursery`` outlives every worker of the stage: tasks the worker needs run
-        there. The worker is not ready yet: its connection sends ``Init`` and waits for
-        ``Ready``. If this raises, nothing of the worker is left.
+        there. ``name`` is the worker's stage and replica, ``thinker[0]``: what ``ps``
+        shows of a worker process, a worker task's name. The worker is not ready yet:
+        its connection sends ``Init`` and waits for ``Ready``. If this raises, nothing
+        of the worker is left.
         """
 
 

@@ -176,7 +176,7 @@ class RayLauncher:
         self._options = options
         self._label = label
 
-    async def launch(self, nursery: trio.Nursery) -> LaunchedWorker:
+    async def launch(self, nursery: trio.Nursery, *, name: str) -> LaunchedWorker:
         session, options = self._session, self._options
         listener = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         with listener:

@@ -368,7 +368,11 @@ class Replica:
                 reason, lost = await self._serve(worker)
             self.deaths += 1
             logger.warning(
-                "%s: its worker died: %s (%d requests lost with it)", self.label, reason, len(lost)
+                "%s: its worker died: %s (%d %s lost with it)",
+                self.label,
+                reason,
+                len(lost),
+                "request" if len(lost) == 1 else "requests",
             )
             if not self.options.may_restart(self.restarts) or failed_starts >= MAX_FAILED_STARTS:
                 self.death_cause = reason  # "stage 0 (thinker) died: exited with status 3"

@@ -81,7 +81,7 @@ class TaskLauncher:
     def __init__(self, factory: EngineFactory | None = None) -> None:
         self._factory = factory
 
-    async def launch(self, nursery: trio.Nursery) -> LaunchedWorker:
+    async def launch(self, nursery: trio.Nursery, *, name: str) -> LaunchedWorker:
         # A cancel point first, never after the task is started: a cancel there would
         # lose the worker, and its task would wait for an Init forever.
         await trio.lowlevel.checkpoint()
@@ -90,5 +90,5 @@ class TaskLauncher:
         )
         handle = TaskHandle()
         run = functools.partial(handle.run, factory=self._factory)
-        nursery.start_soon(run, theirs, name="in-process worker")
+        nursery.start_soon(run, theirs, name=f"in-process worker {name}")
         return LaunchedWorker(handle, ours, heartbeat=False)

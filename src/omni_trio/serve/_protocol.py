@@ -163,7 +163,8 @@ class InputAudioPart(msgspec.Struct, tag_field="type", tag="input_audio"):
 
         Raises:
           OpenAIError: 400, naming ``param``: not base64, an unknown format, a WAV
-              that is not 16-bit mono PCM.
+              that is not 16-bit mono PCM, no audio (empty ``pcm16``, a WAV of no
+              frames).
         """
         try:
             data = base64.b64decode(self.input_audio.data, validate=True)
@@ -174,6 +175,10 @@ class InputAudioPart(msgspec.Struct, tag_field="type", tag="input_audio"):
             if len(data) % 2:
                 raise OpenAIError(
                     400, f"{param}.data: not whole 16-bit samples", param=f"{param}.data"
+                )
+            if not data:
+                raise OpenAIError(
+                    400, f"{param}.data: empty, no audio samples", param=f"{param}.data"
                 )
             return data, PCM16_RATE
         if fmt != "wav":
@@ -192,7 +197,14 @@ class InputAudioPart(msgspec.Struct, tag_field="type", tag="input_audio"):
                         f"{8 * wav.getsampwidth()}-bit audio: 16-bit mono PCM only",
                         param=f"{param}.data",
                     )
-                return wav.readframes(wav.getnframes()), wav.getframerate()
+                pcm = wav.readframes(wav.getnframes())
+                if not pcm:
+                    raise OpenAIError(
+                        400,
+                        f"{param}.data: the WAV holds no audio samples",
+                        param=f"{param}.data",
+                    )
+                return pcm, wav.getframerate()
         except (wave.Error, EOFError) as exc:
             raise OpenAIError(
                 400, f"{param}.data: not a WAV file: {exc}", param=f"{param}.data"

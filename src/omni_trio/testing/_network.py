@@ -203,7 +203,7 @@ class SimLauncher:
         self._network = network
         self._place = place
 
-    async def launch(self, nursery: trio.Nursery) -> LaunchedWorker:
+    async def launch(self, nursery: trio.Nursery, *, name: str) -> LaunchedWorker:
         await trio.lowlevel.checkpoint()  # never after the task is started
         wire, ours, theirs = open_wire()
         self._network.add_control(wire)

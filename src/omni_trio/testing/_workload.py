@@ -9,6 +9,7 @@ stage 0 to stages 1 and 2, as the seed draws -- and every invariant checked.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 from collections.abc import Iterable, Iterator, Sequence
@@ -392,14 +393,22 @@ def _simulate_one(args: tuple[int, str | None]) -> SimulationResult:
     return simulate(seed, bug=bug)
 
 
+def _log_level(level: int) -> None:
+    """A pool process's ``omni_trio`` logger at its parent's level (the simulate
+    command hides the injected faults' warnings), however the process was started."""
+    logging.getLogger("omni_trio").setLevel(level)
+
+
 def run_seeds(
     seeds: Iterable[int], *, bug: str | None = None, processes: int | None = None
 ) -> Sequence[SimulationResult]:
     """:func:`simulate` each seed, on ``processes`` processes (default: one per
-    core); the results in seed order."""
+    core); the results in seed order. The processes log as the ``omni_trio`` logger's
+    level here says."""
     jobs = [(seed, bug) for seed in seeds]
     workers = processes or os.cpu_count() or 1
     if workers == 1 or len(jobs) < 2:
         return [_simulate_one(job) for job in jobs]
-    with ProcessPoolExecutor(workers) as pool:
+    level = logging.getLogger("omni_trio").level
+    with ProcessPoolExecutor(workers, initializer=_log_level, initargs=(level,)) as pool:
         return list(pool.map(_simulate_one, jobs, chunksize=max(1, len(jobs) // (4 * workers))))

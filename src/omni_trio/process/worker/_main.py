@@ -9,6 +9,7 @@ import sys
 
 import trio
 
+from ..._util import return_large_buffers
 from . import _wire as wire
 from ._transport import Transport
 from ._worker import serve
@@ -36,9 +37,14 @@ def main(argv: list[str] | None = None) -> None:
     and their control connection closes; either way a worker exits with status 0,
     quietly. (Trio installs its ``KeyboardInterrupt`` handler only over Python's
     default SIGINT handler, so an ignored SIGINT stays ignored under ``trio.run``.)
+
+    Buffers of a MiB or more go back to the system once freed
+    (:func:`~omni_trio._util.return_large_buffers`): an engine's large outputs, and
+    the frames they go out in, do not stay as RSS once sent.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return_large_buffers()
     parser = argparse.ArgumentParser(prog="python -m omni_trio.process.worker")
     parser.add_argument("--control-fd", type=int, required=True)
     args = parser.parse_args(argv)

@@ -428,7 +428,9 @@ class Worker:
     async def _spend_credit(self, request: WorkerRequest, size: int) -> None:
         """Take an output of ``size`` bytes from the request's credit, once it has
         that much: its engine waits here, holding the output it made, outside the
-        gate (waiting to send is not computing)."""
+        gate (waiting to send is not computing) -- only when the output is larger
+        than the one before, since ``_run`` waits for credit for that one before it
+        asks the engine for the next."""
         credit = request.credit
         assert credit is not None
         if not credit.allows(size):
@@ -439,7 +441,7 @@ class Worker:
         credit.spend(size)
 
     async def _run(self, request_id: str, inputs: Any, request: WorkerRequest) -> None:
-        io = RequestIO(self, request_id, request)
+        io = RequestIO(self.gate, request_id, request, connected=self.init.chunks)
         control = self.control
         life = request.life
         try:
@@ -451,11 +453,17 @@ class Worker:
                     )
                     last = None  # the data of the completion: a bare one unless marked
                     meta = None  # and what the engine said about it
+                    size = 0  # the bytes of its last output: what the next may take
                     async with aclosing(stream):  # type: ignore[type-var]
                         while True:
-                            # The engine makes its next output once the connection
-                            # has room for it: a backlog holds engines back, not
-                            # their outputs (see _requests.Gate).
+                            # The engine makes its next output once its consumer has
+                            # credit for one like its last, and once the connection
+                            # has room for it: a consumer that stopped reading, or a
+                            # backlog, holds engines back, not their outputs (see
+                            # _requests.Gate).
+                            credit = request.credit
+                            if credit is not None and not credit.allows(size):
+                                await credit.wait_for(size)
                             await self.gate.enter(request.priority)
                             request.inside = True
                             try:
@@ -466,7 +474,8 @@ class Worker:
                                 last, meta = data.data, data.meta
                                 break  # the engine said so: closing it is its end
                             if request.credit is not None:  # its consumer's pace
-                                await self._spend_credit(request, output_size(data))
+                                size = output_size(data)
+                                await self._spend_credit(request, size)
                             frame = wire.encode(wire.Output(request_id, data, False, life))
                             del data
                             control.send_nowait(frame)
