@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -15,6 +16,7 @@ from types import FunctionType
 from typing import Any, NoReturn, TypeVar
 
 __all__ = [
+    "LARGE_BUFFER",
     "SIZELESS_TYPES",
     "NoPublicConstructor",
     "describe",
@@ -22,6 +24,7 @@ __all__ = [
     "import_object",
     "lazy_exports",
     "output_size",
+    "return_large_buffers",
     "stage_label",
 ]
 
@@ -166,3 +169,37 @@ def lazy_exports(
         return sorted(publish())
 
     return __getattr__, __dir__
+
+
+#: Allocations of this many bytes or more go back to the system once freed, in a
+#: process that called :func:`return_large_buffers`.
+LARGE_BUFFER = 1 << 20
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter, in glibc's malloc.h
+
+
+def return_large_buffers(threshold: int = LARGE_BUFFER) -> bool:
+    """Pin glibc's ``malloc`` mmap threshold at ``threshold`` bytes in this process;
+    return whether it did (``False`` on another C library, left alone).
+
+    glibc serves an allocation of the threshold or more (128 KiB at first) with an
+    ``mmap`` of its own, which ``free`` hands back to the system. But each time it
+    frees one, it raises the threshold to that one's size (up to 32 MiB), and from
+    then on buffers that large come from its heap, whose free space it keeps: a
+    process that handled a few multi-megabyte outputs at once (a server whose stalled
+    requests each hold one, a worker that encoded several) keeps that much RSS long
+    after they were freed. Pinned (which turns the raising off), a buffer of
+    ``threshold`` bytes or more always comes from ``mmap`` and goes back when freed,
+    at the cost of an ``mmap`` and its pages' first touch; smaller ones come from the
+    heap, as before. ``omni-trio serve`` and the worker processes pin it.
+    """
+    import ctypes
+
+    try:
+        if not os.confstr("CS_GNU_LIBC_VERSION"):
+            return False
+        mallopt = ctypes.CDLL(None).mallopt
+    except (AttributeError, OSError, ValueError):  # no such name, no glibc, no mallopt
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, threshold))

@@ -10,14 +10,21 @@ A streamed answer's content events are all alike but for one value (the text, or
 audio's base64), so each is made from a template -- the bytes of its chunk struct
 with a hole where that value goes, encoded once per answer -- and the value's JSON:
 per output, one encoded string and one join, not a struct encoded.
+
+A large output's event is made a slice at a time (:meth:`Answer.pieces`): its audio's
+base64 or its text's JSON comes in pieces of about :data:`PIECE_BYTES`, so that a
+response that writes each piece before it makes the next never holds the whole event
+encoded -- nor the server's HTTP framing a copy of it -- while its client is slow to
+read (a stalled request holds its window, and a piece).
 """
 
 from __future__ import annotations
 
 import base64
+import struct
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -45,13 +52,31 @@ if TYPE_CHECKING:
     from .._messages import OrchOutput, RequestMetrics
     from ._model import FinalOutput
 
-__all__ = ["DONE", "STREAMED_FORMATS", "Answer", "Plan", "error_event", "with_voice"]
+__all__ = [
+    "DONE",
+    "PIECE_BYTES",
+    "STREAMED_FORMATS",
+    "Answer",
+    "Plan",
+    "error_event",
+    "with_voice",
+]
 
 DONE = b"data: [DONE]\n\n"
 #: A delta's value while its event's template is made (only the delta's value can be
 #: this string: the rest of a chunk comes before it, or is ``null``).
 _HOLE = "\x00"
 _HOLE_JSON = encode(_HOLE)
+#: A streamed event's value (an audio output's base64, a text's JSON) is made and
+#: written at most about this many bytes at a time; a larger one spans pieces.
+PIECE_BYTES = 256 * 1024
+#: Audio bytes whose base64 is :data:`PIECE_BYTES` (a multiple of 3: the slices'
+#: base64 joins into the whole's, and of 2: whole samples). Larger audio is sliced.
+_AUDIO_SLICE = PIECE_BYTES // 4 * 3
+#: Characters whose JSON is at most :data:`PIECE_BYTES` (a control character's
+#: escape, ``\u001f``, is 6 bytes). Longer text is sliced.
+_TEXT_SLICE = PIECE_BYTES // 6
+_WAV_HEADER = struct.Struct("<4sI4s4sIHHIIHH4sI")
 
 
 @attrs.frozen
@@ -137,7 +162,7 @@ def with_voice(prompt: Any, voice: str) -> Any:
       OpenAIError: 400, a voice neither OpenAI's nor eSpeak NG's.
     """
     from ..speech._voices import VOICES, settings
-    from ._speech import knows_voice, unknown_voice
+    from ._voice import knows_voice, unknown_voice
 
     if voice not in VOICES and not knows_voice(voice):
         raise unknown_voice(voice, "audio.voice")
@@ -197,6 +222,9 @@ class Answer:
         #: What the text stage said of its answer (a language model's usage and why
         #: it stopped: its completion's meta), once it has.
         self._meta: dict[str, Any] | None = None
+        #: What closes the event that the last piece :meth:`pieces` gave left open
+        #: (a large output's, cut between its slices); ``b""``: none is open.
+        self.open_event_tail = b""
 
     @property
     def done(self) -> bool:
@@ -205,11 +233,24 @@ class Answer:
 
     def take(self, batch: list[OrchOutput]) -> bytes:
         """Take a batch of the request's outputs, in order; return their SSE events
-        (nothing when not streaming). Stops at the terminal, or at a text output
-        beyond ``max_tokens`` (:attr:`finish` is then ``"length"``: it and the rest
-        of the batch are not taken) -- a thinker that keeps to ``max_tokens`` itself
-        (a language model, told it in the prompt) is never cut: its request
-        completes, its audio whole, and the model says why it stopped.
+        (nothing when not streaming): :meth:`pieces`, joined."""
+        return b"".join(self.pieces(batch))
+
+    def pieces(self, batch: list[OrchOutput]) -> Iterator[bytes]:
+        """Take a batch of the request's outputs, in order, as it is iterated; give
+        their SSE events (nothing when not streaming) in pieces: one, the batch's
+        events, unless an output is large (audio over ``_AUDIO_SLICE`` bytes, text
+        over ``_TEXT_SLICE`` characters), whose event is made a slice at a time: its
+        head (with the events before it), then each slice of its value (about
+        :data:`PIECE_BYTES`), a piece each. A piece may end inside that event:
+        :attr:`open_event_tail` is then what closes it (a response cut short there
+        sends it before its error event, which keeps every event whole).
+
+        Stops at the terminal, or at a text output beyond ``max_tokens``
+        (:attr:`finish` is then ``"length"``: it and the rest of the batch are not
+        taken) -- a thinker that keeps to ``max_tokens`` itself (a language model,
+        told it in the prompt) is never cut: its request completes, its audio whole,
+        and the model says why it stopped.
 
         Raises:
           OpenAIError: 500, an output the API cannot carry (audio that is not bytes);
@@ -231,26 +272,46 @@ class Answer:
                 self._on_output(output.stage_id)
                 if stream:
                     before, after = self._template(final.modality)
-                    parts += (before, value, after)
+                    if isinstance(value, bytes):
+                        parts += (before, value, after)
+                    else:  # large: its event a slice at a time, each a piece
+                        if final.modality == "text":  # the slices: its JSON string's inside
+                            before, after = before + b'"', b'"' + after
+                        parts.append(before)
+                        head = b"".join(parts)  # and the events before it
+                        parts = []
+                        self.open_event_tail = after
+                        yield head
+                        del head
+                        yield from value  # (no name here keeps a slice while it is written)
+                        parts.append(after)
+                        self.open_event_tail = b""
             if output.meta is not None and self._by_stage[output.stage_id].modality == "text":
                 self._meta = output.meta
             if output.finished and output.finish_reason == "completed":  # always the last
                 said = None if self._meta is None else self._meta.get("finish_reason")
                 self.finish = said if said in ("stop", "length") else "stop"
-        return b"".join(parts)
+        if parts:
+            yield b"".join(parts)
 
-    def _take_text(self, data: object) -> bytes:
-        """Take a text output; streaming, its JSON string."""
+    def _take_text(self, data: object) -> bytes | Iterator[bytes]:
+        """Take a text output; streaming, its JSON string (a long one's inside, in
+        slices)."""
         text = data if isinstance(data, str) else str(data)
         stream = self._plan.stream
         if not stream:  # a whole response is built from all of it
             self._keep(len(text))
             self._text.append(text)
         self._tokens += 1
-        return encode(text) if stream else b""
+        if not stream:
+            return b""
+        if len(text) > _TEXT_SLICE:
+            return _json_slices(text)
+        return encode(text)
 
-    def _take_audio(self, data: object, final: FinalOutput) -> bytes:
-        """Take an audio output; streaming, its base64 (the JSON string's inside)."""
+    def _take_audio(self, data: object, final: FinalOutput) -> bytes | Iterator[bytes]:
+        """Take an audio output; streaming, its base64 (the JSON string's inside; a
+        large output's, in slices)."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise OpenAIError(
                 500,
@@ -263,11 +324,26 @@ class Answer:
             self._audio.append(pcm)
             return b""
         pcm = data if isinstance(data, bytes) else bytes(data)
+        if len(pcm) > _AUDIO_SLICE:
+            return _base64_slices(self._audio_slices(pcm, final))
         if self._plan.audio_format == "wav":
             pcm = wav_bytes(pcm, final.sample_rate)
         else:  # pcm16: OpenAI's 24 kHz
             pcm = self._resampler(final).feed(pcm)
         return base64.b64encode(pcm)
+
+    def _audio_slices(self, pcm: bytes, final: FinalOutput) -> Iterator[bytes]:
+        """A large audio output, in the answer's format, a slice at a time (as it is
+        iterated: the resampler is fed a slice at a time too)."""
+        size = len(pcm)
+        if self._plan.audio_format == "wav":
+            yield _wav_header(size, final.sample_rate)
+            for start in range(0, size, _AUDIO_SLICE):
+                yield pcm[start : start + _AUDIO_SLICE]
+        else:  # pcm16: OpenAI's 24 kHz
+            resampler = self._resampler(final)
+            for start in range(0, size, _AUDIO_SLICE):
+                yield resampler.feed(pcm[start : start + _AUDIO_SLICE])
 
     def _resampler(self, final: FinalOutput) -> Resampler:
         """A streamed pcm16 answer's resampler for ``final``'s audio (one per stream:
@@ -390,3 +466,39 @@ class Answer:
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
+
+
+def _base64_slices(slices: Iterable[bytes]) -> Iterator[bytes]:
+    """The base64 of ``slices`` joined, a slice at a time: each slice's whole groups
+    of 3 bytes, the rest carried to the next (so the pieces join into the whole's
+    base64, padded only at its end)."""
+    carry = b""
+    for data in slices:
+        if carry:
+            data = carry + data
+        whole = len(data) - len(data) % 3
+        carry = data[whole:]
+        piece = base64.b64encode(memoryview(data)[:whole])
+        del data  # the slice is not kept while its base64 is written
+        if piece:
+            yield piece
+        del piece
+    if carry:
+        yield base64.b64encode(carry)
+
+
+def _json_slices(text: str) -> Iterator[bytes]:
+    """The inside of the JSON string of ``text`` (no quotes), ``_TEXT_SLICE``
+    characters at a time (JSON escapes one character at a time: the slices' insides
+    join into the whole's)."""
+    for start in range(0, len(text), _TEXT_SLICE):
+        yield encode(text[start : start + _TEXT_SLICE])[1:-1]
+
+
+def _wav_header(size: int, sample_rate: int) -> bytes:
+    """The 44-byte header of :func:`~omni_trio._audio.wav_bytes` for ``size`` bytes of
+    16-bit mono PCM at ``sample_rate`` Hz."""
+    return _WAV_HEADER.pack(
+        b"RIFF", 36 + size, b"WAVE", b"fmt ", 16, 1, 1, sample_rate, 2 * sample_rate,
+        2, 16, b"data", size,
+    )  # fmt: skip

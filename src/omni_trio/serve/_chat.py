@@ -7,7 +7,10 @@ the response and a task that listens for ``http.disconnect``; a client that hang
 aborts the request at every stage it was submitted to, before the handler returns.
 
 What the client reads is built by :class:`~._answer.Answer`, with no I/O; this
-module only moves it.
+module only moves it, a bounded piece at a time: a response blocked writing to a
+client that reads nothing holds its request's unread outputs (its window) and one
+piece of their events, about :data:`WRITE_BYTES` (with the server's HTTP framing, a
+copy of that piece), whatever the size of an output.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from .._util import output_size
-from ._answer import Answer, Plan, error_event
+from ._answer import PIECE_BYTES, Answer, Plan, error_event
 from ._protocol import OpenAIError, unavailable
 from ._response import SSE_HEADERS, EndpointResponse, Receive, Scope, Send, send_json
 
@@ -30,8 +33,9 @@ __all__ = ["SSE_HEADERS", "ChatResponse", "Receive", "Scope", "Send", "send_json
 
 #: A response encodes at most about this many bytes of outputs into one write: a
 #: backlog taken at once (a client that was slow to read, say) is not one
-#: multi-megabyte string of events in memory.
-WRITE_BYTES = 256 * 1024
+#: multi-megabyte string of events in memory, and neither is one large output's
+#: event (:meth:`~._answer.Answer.pieces`).
+WRITE_BYTES = PIECE_BYTES
 
 
 def _parts(batch: list[OrchOutput]) -> Iterator[list[OrchOutput]]:
@@ -66,10 +70,14 @@ class ChatResponse(EndpointResponse):
             max_whole_bytes=None if plan.stream else server.max_answer_bytes,
         )
         self._broken = False  # the answer cannot carry it: not bytes, or too large
+        #: What closes the event the last piece written left open (b"": none is).
+        self._open_event_tail = b""
 
     async def error_mid_stream(self, send: Send, error: OpenAIError) -> None:
-        """Streaming: an error event, then ``[DONE]``."""
-        await send({"type": "http.response.body", "body": error_event(error), "more_body": False})
+        """Streaming: an error event, then ``[DONE]`` (after the end of an event that
+        was cut short between its pieces)."""
+        body = self._open_event_tail + error_event(error)
+        await send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def run(self, send: Send, ticket: Ticket) -> None:
         plan = self._plan
@@ -95,15 +103,7 @@ class ChatResponse(EndpointResponse):
                         on_outputs(batch)
                     self.server.stage_waits(batch, ticket.priority)
                     for part in _parts(batch):  # a backlog goes out a bounded part at a time
-                        try:
-                            events = answer.take(part)
-                        except OpenAIError:
-                            self._broken = True
-                            raise
-                        if plan.stream and events:
-                            await send(
-                                {"type": "http.response.body", "body": events, "more_body": True}
-                            )
+                        await self._write(send, part)
                         if answer.done:
                             break
         except trio.ClosedResourceError:
@@ -118,6 +118,21 @@ class ChatResponse(EndpointResponse):
             await send({"type": "http.response.body", "body": answer.closing(), "more_body": False})
         else:
             await send_json(send, 200, answer.whole(None if terminal is None else terminal.metrics))
+
+    async def _write(self, send: Send, part: list[OrchOutput]) -> None:
+        """Take ``part`` and, streaming, write its events a piece at a time (a large
+        output's event in several: see :meth:`Answer.pieces`)."""
+        answer = self._answer
+        stream = self._plan.stream
+        try:
+            for events in answer.pieces(part):
+                if stream and events:
+                    await send({"type": "http.response.body", "body": events, "more_body": True})
+                    self._open_event_tail = answer.open_event_tail
+                del events  # written: not held while the next piece is made
+        except OpenAIError:
+            self._broken = True
+            raise
 
     def _label(self, terminal: OrchOutput | None) -> str:
         """The ``finish_reason`` label of the request's end in the metrics."""
