@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
+import attrs
 import pytest
 
-from omni_trio import open_orchestrator
+from omni_trio import OrchestratorOptions
 from omni_trio.config import ConfigError, PipelineSection, load_pipeline, parse_pipeline
 from omni_trio.demo.runner import template
 from omni_trio.process._options import WINDOW, WINDOW_BYTES
@@ -199,8 +199,8 @@ def test_orchestrator_options_in_the_pipeline_table():
         "consumer_idle_timeout": 60.0,
         "max_forward_bytes": 256 * 1024 * 1024,
     }
-    signature = inspect.signature(open_orchestrator).parameters
-    assert all(signature[name].default == value for name, value in defaults.items())
+    fields = attrs.fields_dict(OrchestratorOptions)  # open_orchestrator's keywords
+    assert all(fields[name].default == value for name, value in defaults.items())
     text = GOOD.replace(
         'name = "tiny"',
         'name = "tiny"\nstage_idle_timeout = 2\nmax_in_flight = 4\nshutdown_grace = 0\n'

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helpers import join_forward, view, warm
 from omni_trio import OrchOutput, StageOutput
+from omni_trio import _decisions as decisions
 from omni_trio._core import (
     OrchestratorCore,
     StageAbort,
     StageRelease,
     StageSubmit,
 )
+from omni_trio._decisions import TABLE, Key
 from omni_trio._util import stage_label
 
 # These tests must not need an event loop; pytest-trio's trio_mode would otherwise
@@ -570,3 +577,347 @@ class TestReleaseFences:
         assert feed(core, 1, "r", "late") == []
         core.stage_died(1, "gone")
         assert core.fences == 0
+
+
+# -- the decision table as data (omni_trio._decisions): the code against the table ------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def reference_key(core, stage_id, output) -> Key:
+    """What ``output`` is for the table, worked out from the request's state before
+    it arrives as docs/architecture.md defines the key (not from the core's code)."""
+    nothing = (False, False, False, False)
+    if not isinstance(output, StageOutput):
+        return (decisions.NOT_A_STAGE_OUTPUT, *nothing)
+    try:
+        hash(output.request_id)
+    except TypeError:
+        return (decisions.UNHASHABLE_ID, *nothing)
+    if output.released:
+        return (decisions.FENCE, *nothing)
+    st = core.state(output.request_id)
+    if st is None:
+        return (decisions.UNKNOWN_REQUEST, *nothing)
+    if (output.request_id, stage_id) in core._fences:
+        return (decisions.EARLIER_LIFE, *nothing)
+    if stage_id not in st.submitted:
+        return (decisions.NOT_SUBMITTED, *nothing)
+    if stage_id in st.finished:
+        return (decisions.ALREADY_FINISHED, *nothing)
+    if output.error is not None:
+        return (decisions.ERROR, *nothing)
+    finished = st.finished | ({stage_id} if output.finished else set())
+    return (
+        decisions.LAST_OUTPUT if output.finished else decisions.DATA,
+        stage_id in st.final_stage_ids,
+        st.final_stage_ids <= finished,
+        st.submitted <= finished,
+        st.pending_final is not None,
+    )
+
+
+def row_of(key: Key) -> int:
+    """The index in ``TABLE`` of the one row that matches ``key``."""
+    [index] = [i for i, (pattern, _) in enumerate(TABLE) if decisions._matches(pattern, key)]
+    return index
+
+
+def releases(request_id, submitted):
+    return [StageRelease(k, request_id) for k in sorted(submitted)]
+
+
+def check_one_output(core, stage_id, output) -> int:
+    """Feed ``output`` to ``core`` and check that it did exactly what the row of its
+    key says (the key worked out independently, the row read from ``TABLE``);
+    return that row's index."""
+    key = reference_key(core, stage_id, output)
+    steps = decisions.decide(key)
+    rid = getattr(output, "request_id", None)
+    if key[0] in (decisions.ERROR, decisions.DATA, decisions.LAST_OUTPUT):
+        before = core.state(rid)
+        submitted, finished = set(before.submitted), set(before.finished)
+        held, route = before.pending_final, before.route
+    fences = dict(core._fences)
+    dropped = core.dropped_outputs
+    core.receive_output(stage_id, output)
+    outputs, commands = core.take_outputs(), core.take_commands()
+    assert core.dropped_outputs == dropped + (steps == ("drop",)), (key, steps)
+    if steps == ("lift fence",):
+        fence = (rid, stage_id)
+        left = fences.pop(fence, 0) - 1
+        if left > 0:
+            fences[fence] = left
+    if key[0] in decisions.LOOKUPS and key[0] != decisions.ERROR:  # drop, lift fence
+        assert core._fences == fences, (key, steps)
+        assert (outputs, commands) == ([], []), (key, steps)
+        return row_of(key)
+
+    after = core.state(rid)
+    ends = {"fail", "complete", "release held"} & set(steps)
+    assert (after is None) == bool(ends), (key, steps)
+    for fence in core._fenced & submitted if ends else ():  # each release owes a fence
+        fences[rid, fence] = fences.get((rid, fence), 0) + 1
+    assert core._fences == fences, (key, steps)
+    if "fail" in steps:
+        [terminal] = outputs
+        if held is not None:
+            assert terminal == held
+        else:
+            label = core.stage_labels[stage_id]
+            assert (terminal.stage_id, terminal.finish_reason, terminal.error) == (
+                stage_id,
+                "error",
+                f"{label} failed: {output.error}",
+            )
+        assert commands == ended_early(rid, sorted(submitted), finished), key
+        return row_of(key)
+
+    if output.finished:
+        finished.add(stage_id)
+    assert after is None or after.finished == finished
+    seen = [(o.request_id, o.stage_id, o.data, o.finished, o.finish_reason) for o in outputs]
+    if "stream" in steps:
+        assert seen == [(rid, stage_id, output.data, False, None)], key
+    elif "complete" in steps:
+        assert seen == [(rid, stage_id, output.data, True, "completed")], key
+    elif "release held" in steps:
+        assert outputs == [held], key
+    else:
+        assert seen == [], key
+    if "hold" in steps:
+        pending = after.pending_final
+        assert (pending.stage_id, pending.data, pending.finish_reason) == (
+            stage_id,
+            output.data,
+            "completed",
+        )
+    elif after is not None:
+        assert after.pending_final is held, key
+    wanted = []
+    if "forward" in steps and core.mode == "forward":
+        wanted = [r for r in route.outputs[stage_id] if set(route.inputs[r]) <= finished]
+    if ends:
+        assert commands == releases(rid, submitted), key
+    else:
+        assert [(type(c), c.stage_id) for c in commands] == [(StageSubmit, r) for r in wanted]
+    return row_of(key)
+
+
+def diamond_input(stage_id, outputs):
+    return {k: list(v) for k, v in outputs.items()}
+
+
+#: Pipelines to run the table on, by name: (stages, finals, keywords).
+TABLE_PIPELINES = {
+    "chunk": (3, {0, 2}, {"prewarm_fn": warm}),
+    "forward": (3, {0, 2}, {"forward_fn": join_forward}),
+    "chunk diamond": (4, {1, 3}, {"graph": [[], [0], [0], [1, 2]], "prewarm_fn": warm}),
+    "forward diamond": (4, {1, 3}, {"graph": [[], [0], [0], [1, 2]], "input_fn": diamond_input}),
+}
+
+
+def table_core(name):
+    stages, finals, keywords = TABLE_PIPELINES[name]
+    return OrchestratorCore(stages, finals, fenced_stages=range(stages), **keywords)
+
+
+def play(core, events) -> list[int]:
+    """Run ``events`` on ``core``; check every output against the table, and return
+    the rows they hit. An event: ``("add", id, finals)``, ``("abort", id)``,
+    ``("out", stage, id, data, finished, error)``, ``("fence", stage, id)``,
+    ``("junk", stage)``, ``("unhashable", stage)``."""
+    rows = []
+    for event in events:
+        what, *args = event
+        if what == "add":
+            rid, finals = args
+            if rid not in core:
+                core.add_request(rid, "p", finals)
+        elif what == "abort":
+            core.abort(args[0])
+        else:
+            if what == "out":
+                stage, rid, data, finished, error = args
+                output = StageOutput(rid, data, finished, error)
+            elif what == "fence":
+                stage, output = args[0], StageOutput(args[1], released=True)
+            elif what == "junk":
+                stage, output = args[0], ("not", "an output")
+            else:
+                stage, output = args[0], StageOutput(["unhashable"], "x")
+            rows.append(check_one_output(core, stage, output))
+            continue
+        core.take_outputs()
+        core.take_commands()
+    return rows
+
+
+def out(stage, rid="r", data="x", finished=False, error=None):
+    return ("out", stage, rid, data, finished, error)
+
+
+ADD = ("add", "r", None)
+
+#: Per row of ``TABLE``: a pipeline and events whose last output hits that row.
+ROW_SCENARIOS = [
+    ("chunk", [ADD, ("junk", 0)]),
+    ("chunk", [ADD, ("unhashable", 0)]),
+    ("chunk", [ADD, ("abort", "r"), ("fence", 0, "r")]),
+    ("chunk", [out(0, "nobody")]),
+    ("chunk", [ADD, ("abort", "r"), ADD, out(0)]),
+    ("forward", [ADD, out(1)]),
+    ("chunk", [ADD, out(0, finished=True), out(0)]),
+    ("chunk", [ADD, out(1, error="boom")]),
+    ("chunk", [ADD, out(0)]),
+    ("chunk", [ADD, out(1)]),
+    ("forward", [ADD, out(0, finished=True)]),
+    ("chunk", [ADD, out(1, finished=True), out(0, finished=True), out(2, finished=True)]),
+    ("chunk", [ADD, out(0, finished=True), out(2, finished=True)]),
+    ("chunk", [ADD, out(0, finished=True), out(2, finished=True), out(1, finished=True)]),
+    ("forward", [ADD, out(0, finished=True), out(1, finished=True)]),
+    ("chunk", [ADD, out(1, finished=True)]),
+]
+
+
+class TestTheTableIsTheSourceOfTruth:
+    """``_decisions.TABLE`` is what the core does: every key has one row, the core's
+    compiled plan is the table, the docs show it, and the core does what each row
+    says -- one scenario per row, and random runs on four pipelines."""
+
+    def test_every_key_matches_exactly_one_row_and_every_row_a_key(self):
+        every = decisions.keys()
+        assert len(every) == len(set(every)) == len(decisions.OUTPUTS) * 16
+        for code, key in enumerate(every):
+            assert decisions.key_code(*key) == code
+            decisions.decide(key)  # raises unless exactly one row matches
+        assert {row_of(key) for key in every} == set(range(len(TABLE)))
+
+    def test_the_compiled_plan_is_the_table(self):
+        assert len(decisions.PLAN) == len(decisions.keys())
+        for code, key in enumerate(decisions.keys()):
+            plan = decisions.PLAN[code]
+            assert plan.steps == decisions.decide(key)
+            flags = {name: getattr(plan, name.replace(" ", "_")) for name in decisions.STEPS}
+            assert {name for name, on in flags.items() if on} == set(plan.steps)
+            assert plan.to_user == bool({"stream", "complete", "hold"} & set(plan.steps))
+        data = decisions.DATA
+        assert decisions.DATA_FROM_FINAL.steps == decisions.decide((data, True) + (False,) * 3)
+        assert decisions.DATA_FROM_NON_FINAL.steps == decisions.decide((data,) + (False,) * 4)
+
+    @pytest.mark.parametrize(
+        ("change", "refusal"),
+        [
+            ("data told apart by all_final", "tells"),
+            ("a lookup that streams", "cannot take"),
+            ("a step after the end", "follows the request's end"),
+            ("steps out of order", "cannot take"),
+            ("two rows for a key", "2 rows"),
+            ("no row for a key", "0 rows"),
+        ],
+    )
+    def test_a_table_the_core_cannot_follow_is_refused_at_import(
+        self, monkeypatch, change, refusal
+    ):
+        any_ = decisions.ANY
+        rows = list(TABLE)
+        data_final = rows.index(((decisions.DATA, True, any_, any_, any_), ("stream",)))
+        if change == "data told apart by all_final":
+            rows[data_final : data_final + 1] = [
+                ((decisions.DATA, True, True, any_, any_), ("stream",)),
+                ((decisions.DATA, True, False, any_, any_), ()),
+            ]
+        elif change == "a lookup that streams":
+            rows[0] = (rows[0][0], ("stream",))
+        elif change == "a step after the end":
+            rows[data_final] = (rows[data_final][0], ("complete", "forward"))
+        elif change == "steps out of order":
+            rows[data_final] = (rows[data_final][0], ("forward", "stream"))
+        elif change == "two rows for a key":
+            rows.append(rows[data_final])
+        else:
+            del rows[data_final]
+        monkeypatch.setattr(decisions, "TABLE", tuple(rows))
+        with pytest.raises((AssertionError, LookupError), match=refusal):
+            decisions._compile()
+
+    def test_docs_show_the_table(self):
+        text = (ROOT / "docs" / "architecture.md").read_text()
+        section = text.split("### The decision table", 1)[1].split("\n### ", 1)[0]
+        tables = [
+            [
+                [cell.strip() for cell in line.strip().strip("|").split("|")]
+                for line in block.splitlines()
+                if line.startswith("|") and not set(line) <= set("|-: ")
+            ]
+            for block in section.split("\n\n")
+            if block.lstrip().startswith("|")
+        ]
+        rows, steps = tables[0], tables[1]
+
+        def cell(value):
+            return {None: "\N{EN DASH}", True: "yes", False: "no"}.get(value, value)
+
+        def show(pattern, row_steps):
+            return [
+                f"`{pattern[0]}`",
+                *(cell(v) for v in pattern[1:]),
+                ", ".join(row_steps) or "nothing",
+            ]
+
+        assert rows[0] == ["output", "final", "all_final", "all_done", "held", "steps"]
+        assert rows[1:] == [show(pattern, row_steps) for pattern, row_steps in TABLE]
+        assert steps[0] == ["step", "what the core does"]
+        assert steps[1:] == [[name, what] for name, what in decisions.STEPS.items()]
+
+    def test_the_docs_list_the_kinds_of_output_in_the_cores_order(self):
+        text = (ROOT / "docs" / "architecture.md").read_text()
+        section = text.split("### The decision table", 1)[1].split("\n### ", 1)[0]
+        listed = re.findall(r"^\d+\. `([^`]+)`", section, flags=re.MULTILINE)
+        assert listed == list(decisions.OUTPUTS)
+
+    @pytest.mark.parametrize(
+        ("row", "scenario"),
+        list(enumerate(ROW_SCENARIOS)),
+        ids=[f"{i}:{'/'.join(map(str, pattern))}" for i, (pattern, _) in enumerate(TABLE)],
+    )
+    def test_the_core_does_what_each_row_says(self, row, scenario):
+        name, events = scenario
+        assert play(table_core(name), events)[-1] == row
+
+    def test_every_row_has_its_scenario(self):
+        assert len(ROW_SCENARIOS) == len(TABLE)
+
+    @settings(max_examples=200, deadline=None)
+    @given(data=st.data())
+    def test_random_runs_do_what_the_table_says(self, data):
+        name = data.draw(st.sampled_from(sorted(TABLE_PIPELINES)))
+        stages, finals, _ = TABLE_PIPELINES[name]
+        rid = st.sampled_from(["a", "b"])
+        stage = st.integers(0, stages - 1)
+        subsets = [None, *({k} for k in finals), set(finals)]
+        output = st.tuples(
+            st.just("out"),
+            stage,
+            rid,
+            st.sampled_from([None, "x", b"yy"]),
+            st.booleans(),
+            st.sampled_from([None] * 19 + ["boom"]),
+        )
+        kinds = {
+            "out": output,
+            "add": st.tuples(st.just("add"), rid, st.sampled_from(subsets)),
+            "abort": st.tuples(st.just("abort"), rid),
+            "fence": st.tuples(st.just("fence"), stage, rid),
+            "junk": st.tuples(st.just("junk"), stage),
+            "unhashable": st.tuples(st.just("unhashable"), stage),
+        }
+        # Mostly outputs, of requests mostly in flight.
+        weighted = ["out"] * 12 + ["add"] * 2 + sorted(kinds.keys() - {"out", "add"})
+        event = st.sampled_from(weighted).flatmap(kinds.__getitem__)
+        events = [
+            ("add", "a", None),
+            ("add", "b", None),
+            *data.draw(st.lists(event, min_size=10, max_size=60)),
+        ]
+        play(table_core(name), events)

@@ -94,6 +94,7 @@ def test_signatures_resolve_from_the_package() -> None:
         "error",
         "metrics",
         "meta",
+        "output_type",
     ]
     assert list(inspect.signature(StageOutput).parameters) == [
         "request_id",

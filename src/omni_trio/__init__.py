@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING
 from ._util import lazy_exports
 
 if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
+    from ._driver import OrchestratorOptions as OrchestratorOptions
     from ._driver import OrchestratorStatistics as OrchestratorStatistics
     from ._errors import OmniTrioDeprecationWarning as OmniTrioDeprecationWarning
     from ._graph import Route as Route
@@ -26,7 +27,7 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from ._stream import RequestStream as RequestStream
 
 _EXPORTS = {
-    "._driver": ["OrchestratorStatistics"],
+    "._driver": ["OrchestratorOptions", "OrchestratorStatistics"],
     "._errors": ["OmniTrioDeprecationWarning"],
     "._graph": ["Route", "StageGraph"],
     "._messages": [

@@ -1,4 +1,5 @@
-"""The sans-IO orchestrator core: every request's state and the decision table.
+"""The sans-IO orchestrator core: every request's state, driven by the decision
+table (:mod:`omni_trio._decisions`).
 
 Nothing here awaits, and nothing imports trio or asyncio. Like h11 or h2, the core is
 fed events (a request was admitted, a stage sent an output, a submit failed, the user
@@ -15,13 +16,33 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, TypeAlias
 
 import attrs
 import msgspec
 
 from ._checks import check_positive_int, check_seconds
+from ._decisions import (
+    ALL_DONE,
+    ALL_FINAL,
+    ALREADY_FINISHED,
+    DATA_FROM_FINAL,
+    DATA_FROM_NON_FINAL,
+    DROPS,
+    EARLIER_LIFE,
+    ERROR,
+    FENCE,
+    FINAL,
+    HELD,
+    KINDS,
+    LAST,
+    NOT_A_STAGE_OUTPUT,
+    NOT_SUBMITTED,
+    PLAN,
+    UNHASHABLE_ID,
+    UNKNOWN_REQUEST,
+)
 from ._graph import Route, StageGraph, stage_ids
 from ._messages import OrchOutput, RequestMetrics, StageOutput, StageRequest, next_life
 from ._util import SIZELESS_TYPES, describe, output_size, stage_label
@@ -185,6 +206,9 @@ class OrchestratorCore:
           :func:`stage_label`.
       max_forward_bytes: forward mode: a request whose stage's collected data (the
           next stage's ``forward_fn`` input) grows over this many bytes fails.
+      output_types: What each final stage's outputs are to the user (``"text"``,
+          ``"audio"``, ...), by stage id: every :class:`OrchOutput` naming that stage
+          carries it as its ``output_type`` (``None`` for the others).
 
     Exactly one of ``forward_fn``, ``input_fn`` and ``prewarm_fn`` must be given.
 
@@ -205,6 +229,7 @@ class OrchestratorCore:
         stage_names: Sequence[str | None] | None = None,
         max_forward_bytes: int = MAX_FORWARD_BYTES,
         fenced_stages: Iterable[int] = (),
+        output_types: Mapping[int, str] | None = None,
     ) -> None:
         if not isinstance(num_stages, int) or num_stages < 1:
             raise ValueError(f"a pipeline needs at least one stage, got {num_stages!r}")
@@ -250,6 +275,10 @@ class OrchestratorCore:
         names += [None] * (num_stages - len(names))
         #: Per stage, how error messages name it (``stage 0 (thinker)``).
         self.stage_labels = [stage_label(sid, name) for sid, name in enumerate(names)]
+        #: Per stage, its outputs' ``OrchOutput.output_type`` (``None``: not told).
+        self.output_types: tuple[str | None, ...] = tuple(
+            (output_types or {}).get(sid) for sid in range(num_stages)
+        )
         #: The driver's clock, set by the driver before it feeds events.
         self.now = 0.0
         #: Per stage: ``None`` while alive, else why it died (its cause, as the stage
@@ -421,43 +450,63 @@ class OrchestratorCore:
             self._submit(st, sid, stage_input)
 
     def receive_output(self, stage_id: int, output: object) -> None:
-        """Apply the decision table to one output of stage ``stage_id``.
+        """Apply the decision table (:data:`omni_trio._decisions.TABLE`) to one
+        output of stage ``stage_id``: classify it into the table's key, look its
+        steps up (:data:`~omni_trio._decisions.PLAN`), and take them.
 
         ``output`` should be a :class:`StageOutput`; anything else is dropped (and
         counted) like any other output that cannot be used.
         """
+        # What the output is: the first of the table's OUTPUTS that applies. The
+        # lookups' kinds alone decide (drop, lift fence, fail).
         if not isinstance(output, StageOutput):
-            self._drop(stage_id, output, "it is not a StageOutput", level=logging.WARNING)
+            self._decide_by_kind(NOT_A_STAGE_OUTPUT, stage_id, output, None)
             return
         try:
             st = self._requests.get(output.request_id)
         except TypeError:  # unhashable request_id
-            self._drop(stage_id, output, "its request_id is not hashable")
+            self._decide_by_kind(UNHASHABLE_ID, stage_id, output, None)
             return
         if output.released:
-            self._lift_fence(output.request_id, stage_id)
+            self._decide_by_kind(FENCE, stage_id, output, st)
             return
         if st is None:
-            self._drop(stage_id, output, "the request is unknown or already ended")
+            self._decide_by_kind(UNKNOWN_REQUEST, stage_id, output, st)
             return
         if self._fences and (st.request_id, stage_id) in self._fences:
-            self._drop(stage_id, output, "it is of an ended request with the same id")
+            self._decide_by_kind(EARLIER_LIFE, stage_id, output, st)
             return
         if stage_id not in st.submitted:
-            self._drop(stage_id, output, "the stage was not submitted for the request")
+            self._decide_by_kind(NOT_SUBMITTED, stage_id, output, st)
             return
         if stage_id in st.finished:
-            self._drop(stage_id, output, "the stage already finished the request")
+            self._decide_by_kind(ALREADY_FINISHED, stage_id, output, st)
             return
         if output.error is not None:
-            self._fail(st, stage_id, f"{self.stage_labels[stage_id]} failed: {output.error}")
+            self._decide_by_kind(ERROR, stage_id, output, st)
             return
 
+        # Data, or the stage's last output: count it, then its key and the key's plan.
         if self.stage_idle_timeout is not None:
             st.last_heard[stage_id] = self.now
         if output.finished:
-            st.finished.add(stage_id)
+            finished = st.finished
+            finished.add(stage_id)
             st.finish_times[stage_id] = self.now
+            key = LAST
+            if stage_id in st.final_stage_ids:
+                key += FINAL
+            if st.final_stage_ids <= finished:
+                key += ALL_FINAL
+            if st.submitted <= finished:
+                key += ALL_DONE
+            if st.pending_final is not None:
+                key += HELD
+            plan = PLAN[key]
+        elif stage_id in st.final_stage_ids:  # data: its stage's role is its whole key
+            plan = DATA_FROM_FINAL
+        else:
+            plan = DATA_FROM_NON_FINAL
         data = output.data
         forwards = self._input_fn is not None and st.route.outputs[stage_id]
         if forwards and data is not None:
@@ -482,32 +531,61 @@ class OrchestratorCore:
                 sizes[stage_id] = sizes.get(stage_id, 0) + size
             st.forward_data.setdefault(stage_id, []).append(data)
 
-        if stage_id in st.final_stage_ids:
-            if not st.final_stage_ids <= st.finished:
+        if plan.to_user:
+            if plan.stream:
                 st.num_outputs += 1
                 if stage_id not in st.first_output:
                     st.first_output[stage_id] = self.now
-                meta = output.meta
                 self._outputs.append(
-                    OrchOutput(st.request_id, stage_id, data, False)
-                    if meta is None
-                    else OrchOutput(st.request_id, stage_id, data, False, meta=meta)
+                    OrchOutput(
+                        st.request_id,
+                        stage_id,
+                        data,
+                        False,
+                        meta=output.meta,
+                        output_type=self.output_types[stage_id],
+                    )
                 )
             else:
                 terminal = OrchOutput(
-                    st.request_id, stage_id, data, True, "completed", meta=output.meta
+                    st.request_id,
+                    stage_id,
+                    data,
+                    True,
+                    "completed",
+                    meta=output.meta,
+                    output_type=self.output_types[stage_id],
                 )
-                if st.submitted <= st.finished:
+                if plan.complete:
                     self._end(st, terminal)
-                else:
+                else:  # hold
                     st.pending_final = terminal
                 return
-        elif output.finished and st.pending_final is not None and st.submitted <= st.finished:
-            self._end(st, st.pending_final)
+        elif plan.release_held:
+            held = st.pending_final
+            assert held is not None
+            self._end(st, held)
             return
 
-        if forwards and output.finished:
+        if forwards and plan.forward:
             self._forward(st, stage_id)
+
+    def _decide_by_kind(
+        self, kind: str, stage_id: int, output: object, st: ReqState | None
+    ) -> None:
+        """Take the steps of an output whose kind alone decides (the table's lookups:
+        drop it, lift a fence, or fail its request)."""
+        plan = PLAN[KINDS[kind]]
+        if plan.drop:
+            why, level = DROPS[kind]
+            self._drop(stage_id, output, why, level=level)
+        elif plan.lift_fence:
+            assert isinstance(output, StageOutput)
+            self._lift_fence(output.request_id, stage_id)
+        elif plan.fail:
+            assert st is not None
+            assert isinstance(output, StageOutput)
+            self._fail(st, stage_id, f"{self.stage_labels[stage_id]} failed: {output.error}")
 
     def submit_failed(self, command: StageSubmit, exc: BaseException) -> None:
         """``stages[command.stage_id].submit(...)`` raised ``exc``: end that request."""
@@ -590,7 +668,10 @@ class OrchestratorCore:
             return False
         terminal = st.pending_final
         if terminal is None:
-            terminal = OrchOutput(request_id, st.last_stage, None, True, "aborted")
+            last = st.last_stage
+            terminal = OrchOutput(
+                request_id, last, None, True, "aborted", output_type=self.output_types[last]
+            )
         self._abort_stages(st)
         self._end(st, terminal)
         return True
@@ -646,7 +727,15 @@ class OrchestratorCore:
         return f"{self.stage_labels[stage_id]} died: {self.stage_deaths[stage_id]}"
 
     def _error(self, st: ReqState, stage_id: int, message: str) -> OrchOutput:
-        return OrchOutput(st.request_id, stage_id, None, True, "error", message)
+        return OrchOutput(
+            st.request_id,
+            stage_id,
+            None,
+            True,
+            "error",
+            message,
+            output_type=self.output_types[stage_id],
+        )
 
     def _fail(self, st: ReqState, stage_id: int, message: str) -> None:
         """End an in-flight request because of an error at ``stage_id``."""

@@ -1,18 +1,22 @@
-"""What the handler task does with each message: shared by both drivers, no I/O.
+"""What the handler task does with each message: shared by every driver, no I/O.
 
 The core decides; the dispatcher applies the handler's messages to it and routes
 what it decided -- commands to the stages' delivery queues, outputs to the shared
-results queue or to a request's own stream -- through callables the driver supplies.
-It also keeps the driver-level bookkeeping that is not request state: ids on their
-way to the handler, open streams, waiting drains, undelivered commands -- and the
-callers' side of an admission, whose send is the commit point. The Trio orchestrator
-and the asyncio twin differ only in tasks, channels and waiting.
+results queue or to a request's own stream. It also keeps the driver-level
+bookkeeping that is not request state: ids on their way to the handler, open
+streams, waiting drains, undelivered commands -- and the callers' side of an
+admission, whose send is the commit point.
+
+Whatever it needs of the framework it asks through one port, :class:`Driver`: the
+Trio driver (``omni_trio._orchestrator``), the asyncio twin's and the plain asyncio
+design's (``omni_trio.compare``) implement it, and differ only in tasks, channels and
+waiting.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from ._checks import submit_is_legacy
@@ -34,9 +38,7 @@ from ._priority import check_priority
 from ._sink import OutboxBase, Sink
 from ._util import describe
 
-__all__ = ["INBOX_SIZE", "MAX_BATCH", "Dispatcher", "Slots", "death_cause"]
-
-_logger = logging.getLogger("omni_trio")
+__all__ = ["INBOX_SIZE", "MAX_BATCH", "Dispatcher", "Driver", "Slots", "death_cause"]
 
 #: Messages buffered between the producers (readers, callers) and the handler. A full
 #: inbox makes stage readers wait, which is how a flood of outputs backs up into the
@@ -69,40 +71,88 @@ class Slots(Protocol):
     def release(self) -> None: ...
 
 
+class Driver(Protocol):
+    """The one port between the dispatcher and a driver: everything the dispatcher
+    asks of a framework, and nothing else. A driver makes its outbox, slots and
+    channels, implements these, and hands itself to :class:`Dispatcher`; it owns
+    its tasks (readers, handler, deliveries, idle clock), which call the
+    dispatcher (:meth:`Dispatcher.step`, :meth:`~Dispatcher.deliver`,
+    :meth:`~Dispatcher.settle`), and its user's handle calls
+    :meth:`Dispatcher.admit`.
+
+    Nothing here runs per output but :meth:`queue_command` (per command): the
+    outputs go to :attr:`results` and to the streams' outboxes, which the
+    dispatcher fills itself.
+    """
+
+    @property
+    def results(self) -> OutboxBase:
+        """Where outputs of requests without a stream go (``next_output()``'s)."""
+
+    @property
+    def slots(self) -> Slots | None:
+        """Admission slots (``max_in_flight``), or ``None`` for no limit."""
+
+    @property
+    def logger(self) -> logging.Logger:
+        """Where :meth:`Dispatcher.deliver` reports stage methods that raised."""
+
+    # -- the callers' side: an admission (Dispatcher.admit) ------------------------
+
+    def check_open(self) -> None:
+        """Raise the framework's error for an admission after the block exited."""
+
+    async def wait_for_drains(self) -> None:
+        """Return once no ``drain()`` is in progress."""
+
+    async def send_admission(self, admit: AdmitRequest) -> None:
+        """Put ``admit`` in the handler's inbox: the commit point. Raise as
+        :meth:`check_open` does if the orchestrator closed meanwhile (then nothing
+        was sent)."""
+
+    # -- the handler's side (Dispatcher.step, never blocks) ------------------------
+
+    def queue_command(self, command: StageCommand) -> None:
+        """Queue ``command`` for its stage's delivery task."""
+
+    def arm_clock(self) -> None:
+        """Wake the idle clock: an output now waits unread (see :class:`FlowLedger`)."""
+
+    # -- a delivery task's side (Dispatcher.deliver) -------------------------------
+
+    async def report(self, message: InboxMessage) -> None:
+        """Tell the handler ``message`` (a submit that failed); a no-op once it is
+        gone (shutting down: the request is being aborted anyway)."""
+
+
 class Dispatcher:
-    """The handler's logic around the core, and the admission protocol, for either driver.
+    """The handler's logic around the core, and the admission protocol, for any driver.
 
     Args:
       core: The request state machine.
       stages: The stages, to learn which take ``release()``: ``StageRelease``
           commands for the others are never queued.
-      send_command: Queue a command for its stage's delivery task (never blocks).
-      results: Where outputs of requests without a stream go (``next_output()``).
-      slots: Admission slots (``max_in_flight``), or ``None`` for no limit. A caller
-          takes one before its admission is sent; the handler gives it back with the
+      driver: The framework's side (see :class:`Driver`). Its slots: a caller takes
+          one before its admission is sent; the handler gives it back with the
           request's terminal.
-      logger: Where :meth:`deliver` reports stage methods that raised.
       limits: Flow control per request (see :mod:`omni_trio._flow`).
-      on_armed: Wakes the driver's idle clock (see :class:`FlowLedger`).
     """
 
     def __init__(
         self,
         core: OrchestratorCore,
         stages: Sequence[object],
+        driver: Driver,
         *,
-        send_command: Callable[[StageCommand], None],
-        results: OutboxBase,
-        slots: Slots | None,
-        logger: logging.Logger = _logger,
         limits: FlowLimits,
-        on_armed: Callable[[], None] = lambda: None,
     ) -> None:
         self.core = core
-        self._logger = logger
-        self._send_command = send_command
-        self._results = results
-        self._slots = slots
+        self._driver = driver
+        self._logger = driver.logger
+        self._send_command = driver.queue_command
+        #: Where outputs of requests without a stream go (``next_output()``).
+        self.results = results = driver.results
+        self._slots = driver.slots
         self._wants_release = tuple(callable(getattr(s, "release", None)) for s in stages)
         self._takes_credit = tuple(callable(getattr(s, "credit", None)) for s in stages)
         #: Per stage: whether its submit is the deprecated ``(request_id, inputs)``.
@@ -116,7 +166,7 @@ class Dispatcher:
             takes_credit=self._takes_credit,
             send_credit=self._send_credit,
             credit=StageCredit,
-            on_armed=on_armed,
+            on_armed=driver.arm_clock,
         )
         results.flow = self.flow
         self.flow.attach(results)
@@ -147,25 +197,29 @@ class Dispatcher:
         *,
         entry_stage_ids: Iterable[int] | None = None,
         priority: int = 0,
-        wait_for_drains: Callable[[], Awaitable[None]],
-        send: Callable[[AdmitRequest], Awaitable[None]],
     ) -> None:
-        """Admit a request from a caller's task: check, wait for room, send.
+        """Admit a request from a caller's task, whose outputs go to ``sink`` (its
+        stream's outbox), or to ``next_output()``'s (``None``): check, wait for
+        room, send.
 
-        The checks run at once: a duplicate id or a bad route raises
-        before anything waits, and the id stays reserved while the caller waits.
-        ``wait_for_drains`` returns once no drain is in progress; then a slot is taken
-        (``max_in_flight``; waiters go by ``priority``, aged). ``send`` puts the
-        admission in the handler's inbox, and that send is the commit point: if
-        anything before it raises or is cancelled, nothing happened (the id and the
-        slot are given back); once it is done, the request is admitted and will get
-        exactly one terminal, even if the orchestrator shuts down before the handler
-        sees it (:meth:`settle`).
+        The checks run at once: a closed orchestrator, a duplicate id or a bad route
+        raises before anything waits, and the id stays reserved while the caller
+        waits. The driver's ``wait_for_drains`` returns once no drain is in
+        progress; then a slot is taken (``max_in_flight``; waiters go by
+        ``priority``, aged). Its ``send_admission`` puts the admission in the
+        handler's inbox, and that send is the commit point: if anything before it
+        raises or is cancelled, nothing happened (the id and the slot are given
+        back); once it is done, the request is admitted and will get exactly one
+        terminal, even if the orchestrator shuts down before the handler sees it
+        (:meth:`settle`).
 
         Raises:
           TypeError, ValueError: a bad route (``entry_stage_ids``,
               ``final_stage_ids``), a bad ``priority``, or ``request_id`` in flight.
+          The driver's closed error: the orchestrator's block has exited.
         """
+        driver = self._driver
+        driver.check_open()
         check_priority(priority)
         route = self.core.request_route(entry_stage_ids, final_stage_ids)
         if request_id in self._admitting:
@@ -176,13 +230,13 @@ class Dispatcher:
         try:
             self.admissions_waiting += 1
             try:
-                await wait_for_drains()
+                await driver.wait_for_drains()
                 if self._slots is not None:
                     await self._slots.acquire(priority)  # given back by the handler at the terminal
                     slot = True
             finally:
                 self.admissions_waiting -= 1
-            await send(AdmitRequest(request_id, prompt, route, sink, priority))
+            await driver.send_admission(AdmitRequest(request_id, prompt, route, sink, priority))
         except BaseException:
             self._admitting.discard(request_id)
             if slot:
@@ -324,7 +378,7 @@ class Dispatcher:
                         send(credit)
                 send(command)
         streams = self.streams
-        results = self._results
+        results = self.results
         slots = self._slots
         flow = self.flow
         flow.now = core.now
@@ -355,18 +409,13 @@ class Dispatcher:
 
     # -- a stage's delivery task -------------------------------------------------------
 
-    async def deliver(
-        self,
-        stage: Any,
-        command: StageCommand,
-        report: Callable[[InboxMessage], Awaitable[None]],
-    ) -> None:
-        """Carry out one command on its stage (a delivery task's step, either driver).
+    async def deliver(self, stage: Any, command: StageCommand) -> None:
+        """Carry out one command on its stage (a delivery task's step, any driver).
 
-        It awaits only the stage's own method and, when a submit raised, ``report``
-        (the driver's way to tell the handler). A submit after the shutdown's aborts
-        went out is skipped; an ``abort`` or ``release`` that raised is logged, since
-        the request has ended anyway.
+        It awaits only the stage's own method and, when a submit raised, the
+        driver's ``report`` (its way to tell the handler). A submit after the
+        shutdown's aborts went out is skipped; an ``abort`` or ``release`` that
+        raised is logged, since the request has ended anyway.
         """
         stage_id = command.stage_id
         if type(command) is StageSubmit:
@@ -384,7 +433,7 @@ class Dispatcher:
                         describe(exc),
                         exc_info=True,
                     )
-                    await report(SubmitFailed(command, exc))
+                    await self._driver.report(SubmitFailed(command, exc))
         elif type(command) is StageCredit:
             try:
                 await stage.credit(command.request_id, command.outputs, command.nbytes)
@@ -409,7 +458,8 @@ class Dispatcher:
         """The handler is ending: honour what is still queued, end every request.
 
         Admissions still queued were promised a terminal: they are admitted and
-        aborted. Calls are answered. Everything in flight gets its terminal.
+        aborted. Calls are answered. Everything in flight gets its terminal, and
+        ``next_output()``'s outputs end once they are taken.
         """
         self.accepting = False
         for message in leftovers:
@@ -422,3 +472,4 @@ class Dispatcher:
         for drain in self._drains:
             drain.reply()
         self._drains.clear()
+        self.results.close()

@@ -176,6 +176,14 @@ class OrchOutput(msgspec.Struct, frozen=True):
       meta: What the final stage said about ``data``, beside it
           (:attr:`StageOutput.meta`): a language model's token counts and why it
           stopped, say; ``None`` where it said nothing.
+      output_type: What ``stage_id``'s outputs are to the user -- ``"text"``,
+          ``"audio"``, ``"transcript"``, ... -- as the orchestrator was told
+          (``final_stage_ids`` given as a mapping, ``{0: "text", 2: "audio"}``;
+          :func:`~omni_trio.open_pipeline` passes each final stage's
+          ``final_output_type``). ``None`` when it was not told (``final_stage_ids``
+          given as a set), and on an ``"error"`` terminal of a stage that is not a
+          final one. Read it instead of comparing ``stage_id`` with a pipeline's
+          layout.
     """
 
     request_id: str
@@ -186,6 +194,7 @@ class OrchOutput(msgspec.Struct, frozen=True):
     error: str | None = None
     metrics: RequestMetrics | None = None
     meta: dict[str, Any] | None = None
+    output_type: str | None = None
 
     def _key(self) -> tuple[Any, ...]:
         return (
@@ -196,6 +205,7 @@ class OrchOutput(msgspec.Struct, frozen=True):
             self.finish_reason,
             self.error,
             None if self.meta is None else tuple(self.meta.items()),
+            self.output_type,
         )
 
     def __eq__(self, other: object) -> bool:
@@ -217,6 +227,8 @@ class OrchOutput(msgspec.Struct, frozen=True):
             fields += f", error={self.error!r}"
         if self.meta is not None:
             fields += f", meta={self.meta!r}"
+        if self.output_type is not None:
+            fields += f", output_type={self.output_type!r}"
         return f"OrchOutput({fields})"
 
 

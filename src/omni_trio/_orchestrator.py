@@ -8,7 +8,10 @@ Data path (one reader and one delivery task per stage, one handler)::
     delivery k: submit failed -----/       +--> commands k --> delivery k --> stage k
     idle clock: ClockTick ---------/
 
-The handler is the only task that touches the core, so request state needs no lock.
+:class:`TrioDriver` is that machinery, and the dispatcher's port
+(:class:`omni_trio._dispatch.Driver`); :class:`Orchestrator` is the user's handle
+on it. The handler is the only task that touches the core, so request state needs
+no lock.
 It never blocks on anything but its inbox: outputs and commands leave it through
 unbounded channels with ``send_nowait``. Every hop moves batches: a task wakes up,
 takes everything that is ready (``receive_nowait``), and hands it on in one message.
@@ -20,7 +23,7 @@ import contextlib
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -28,11 +31,10 @@ import trio
 from trio_util import AsyncValue
 
 from ._checks import check_request_id
-from ._core import MAX_FORWARD_BYTES, ForwardFn, InputFn, OrchestratorCore, PrewarmFn, StageCommand
-from ._dispatch import INBOX_SIZE, MAX_BATCH, death_cause
-from ._driver import OrchestratorBase, prepare
+from ._core import OrchestratorCore, StageCommand
+from ._dispatch import INBOX_SIZE, MAX_BATCH, Dispatcher, death_cause
+from ._driver import OrchestratorBase, OrchestratorOptions, options_of, prepare
 from ._errors import unwrap_single_exception
-from ._flow import CONSUMER_IDLE_TIMEOUT, MAX_UNREAD_BYTES, MAX_UNREAD_OUTPUTS, FlowLimits
 from ._inbox import (
     AbortRequest,
     AdmitRequest,
@@ -45,7 +47,6 @@ from ._inbox import (
 )
 from ._messages import OrchOutput, StageItem
 from ._outbox import Outbox
-from ._priority import DEFAULT_AGING_S, check_aging
 from ._slots import PrioritySlots
 from ._stage import Stage, check_stage
 from ._stream import RequestStream, new_stream
@@ -70,117 +71,276 @@ async def _receive_batch(channel: trio.MemoryReceiveChannel[T]) -> list[T]:
 
 
 @final
-class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
-    """A running orchestrator; get one from :func:`open_orchestrator`."""
+class TrioDriver:
+    """The Trio driver: the port the dispatcher asks (:class:`~omni_trio._dispatch.Driver`),
+    its channels and waiting, and the tasks (see the module's docstring).
 
-    _results: Outbox
+    :class:`Orchestrator` is the user's handle on it.
+    """
 
     def __init__(
         self,
         core: OrchestratorCore,
         stages: Sequence[Stage],
-        *,
-        max_in_flight: int | None,
-        priority_aging_s: float | None,
-        shutdown_grace: float,
-        limits: FlowLimits,
-        new_request_id: Callable[[], str],
+        options: OrchestratorOptions,
     ) -> None:
         self._stages = tuple(stages)
-        self._priority_aging_s = priority_aging_s
-        self._new_request_id = new_request_id
-        self._shutdown_grace = shutdown_grace
+        self._shutdown_grace = options.shutdown_grace
         self._closed = False  # no more admissions (set when the block exits)
         self._inbox_send, self._inbox = trio.open_memory_channel[InboxMessage](INBOX_SIZE)
         self._command_channels = [
             trio.open_memory_channel[StageCommand](math.inf) for _ in self._stages
         ]
-        super().__init__(
-            core,
-            self._stages,
-            results=Outbox(),
-            slots=None
-            if max_in_flight is None
-            else PrioritySlots(max_in_flight, aging_s=priority_aging_s),
-            send_command=self._queue_command,
-            logger=logger,
-            max_in_flight=max_in_flight,
-            limits=limits,
-            on_armed=self._arm_clock,
-        )
         self._clock_armed = trio.Event()  # the idle clock got a deadline
         self._draining = AsyncValue(0)  # drain() calls in progress
         self._shielded = trio.CancelScope(shield=True)
         self._deliveries_left = len(self._stages)
         self._deliveries_done = trio.Event()
+        # the port's attributes, then the dispatcher that reads them
+        self.results = Outbox()
+        self.slots = (
+            None
+            if options.max_in_flight is None
+            else PrioritySlots(options.max_in_flight, aging_s=options.priority_aging_s)
+        )
+        self.logger = logger
+        self.dispatch = Dispatcher(core, self._stages, self, limits=options.limits)
+        self._flow = self.dispatch.flow
 
-    def _queue_command(self, command: StageCommand) -> None:
+    # -- the port (what the dispatcher asks) -----------------------------------------
+
+    def check_open(self) -> None:
+        if self._closed:
+            raise self._closed_error()
+
+    @staticmethod
+    def _closed_error() -> trio.ClosedResourceError:
+        return trio.ClosedResourceError(
+            "the orchestrator is closed: requests can only be added inside its "
+            "'async with open_orchestrator(...)' block"
+        )
+
+    async def wait_for_drains(self) -> None:
+        if self._draining.value:
+            await self._draining.wait_value(0)
+
+    async def send_admission(self, admit: AdmitRequest) -> None:
+        if self._closed:  # it may have closed while we waited
+            raise self._closed_error()
+        try:
+            await self._inbox_send.send(admit)
+        except trio.BrokenResourceError:
+            raise self._closed_error() from None
+
+    def queue_command(self, command: StageCommand) -> None:
         self._command_channels[command.stage_id][0].send_nowait(command)
 
-    # -- public API ------------------------------------------------------------------
+    def arm_clock(self) -> None:
+        self._clock_armed.set()
 
-    @property
-    def priority_aging_s(self) -> float | None:
-        """How waiting for a ``max_in_flight`` slot ages a request's priority: one
-        step per this many seconds (``None``: no aging)."""
-        return self._priority_aging_s
+    async def report(self, message: InboxMessage) -> None:
+        with contextlib.suppress(trio.BrokenResourceError):  # shutting down: the request
+            await self._inbox_send.send(message)  # is being aborted anyway
 
-    async def add_request(
-        self,
-        request_id: str,
-        prompt: Any,
-        *,
-        final_stage_ids: Iterable[int] | None = None,
-        entry_stage_ids: Iterable[int] | None = None,
-        priority: int = 0,
-    ) -> None:
-        """Admit one request; its outputs arrive through :meth:`next_output`.
+    # -- what the handle asks --------------------------------------------------------
 
-        Args:
-          request_id: Unique among the requests in flight (see "Reusing a request
-              id" in the lifecycle docs).
-          prompt: The input of the request's entry stages.
-          final_stage_ids: This request's user-facing stages, a subset of the
-              pipeline's (``{0}``: text only, stage 0 alone runs). Default: the
-              pipeline's that its entries reach.
-          entry_stage_ids: The stages that get ``prompt`` (``{1}``: enter at the
-              talker with text to speak). Default: the graph's sources that reach
-              the request's finals. The request runs its route: its entries, its
-              finals and every stage on a path between them; no other stage is
-              submitted (see :meth:`route`).
-          priority: Lower runs earlier (as in vLLM), from ``-1000`` to ``1000``:
-              the order in which the request waits for a ``max_in_flight`` slot,
-              and, carried by every submit (:attr:`StageRequest.priority`), at
-              every queue of its stages that honours it. Waiting ages it: it gains
-              one step per ``priority_aging_s`` seconds waited, so nothing starves
-              (see "Priority" in the lifecycle docs).
+    async def abort(self, request_id: str) -> None:
+        """:meth:`Orchestrator.abort`."""
+        if not self._closed:
+            try:
+                self._inbox_send.send_nowait(AbortRequest(request_id))
+            except trio.WouldBlock:
+                with contextlib.suppress(trio.BrokenResourceError):  # see below
+                    await self._inbox_send.send(AbortRequest(request_id))
+                return
+            except trio.BrokenResourceError:
+                pass  # shut down meanwhile: every request was aborted
+        await trio.lowlevel.checkpoint()
 
-        Waits while ``max_in_flight`` requests are in flight, or while a
-        :meth:`drain` is in progress, then hands the admission to the orchestrator
-        and returns: it never waits for a stage, so a slow ``submit`` never blocks
-        the caller. That hand-over is the commit point: if this call is cancelled,
-        the request was not admitted; if it returns, the request will get exactly
-        one terminal, even if the orchestrator shuts down before handling it. A
-        failing ``prewarm_fn`` or a dead stage shows up as that terminal, not as an
-        exception here.
+    async def drain(self) -> None:
+        """:meth:`Orchestrator.drain`."""
+        self._draining.value += 1
+        try:
+            done = trio.Event()
+            try:
+                await self._inbox_send.send(DrainCall(done.set))
+            except trio.BrokenResourceError:
+                return  # shut down: nothing is in flight any more
+            await done.wait()
+        finally:
+            self._draining.value -= 1
 
-        Raises:
-          TypeError: ``request_id`` is not a ``str``, or ``final_stage_ids`` or
-              ``entry_stage_ids`` is not a collection of stage indexes.
-          ValueError: ``request_id`` is already in flight (nothing is submitted);
-              ``final_stage_ids`` is not a subset of the pipeline's final stages;
-              or the route is empty: a final that no entry reaches, an entry that
-              reaches no final; or ``priority`` is not an integer in range.
-          trio.ClosedResourceError: the orchestrator's block has exited.
+    # -- tasks -----------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Run the tasks for the duration of the block; leaving it shuts down (see
+        :func:`open_orchestrator`): no task is left behind."""
+        async with trio.open_nursery() as nursery:
+            self._start(nursery)
+            try:
+                yield
+            finally:
+                with trio.move_on_after(self._shutdown_grace, shield=True) as grace:
+                    await self._shutdown()
+                if grace.cancelled_caught:
+                    logger.warning(
+                        "shutdown: stages did not take their aborts within %s s",
+                        self._shutdown_grace,
+                    )
+                self._shielded.cancel()
+                nursery.cancel_scope.cancel()
+
+    def _start(self, nursery: trio.Nursery) -> None:
+        for sid, stage in enumerate(self._stages):
+            nursery.start_soon(self._read_stage, sid, stage, name=f"omni_trio stage {sid} reader")
+        if self._flow.consumer_idle_timeout is not None:
+            nursery.start_soon(self._idle_clock, name="omni_trio idle clock")
+        nursery.start_soon(self._run_shielded_tasks, name="omni_trio handler and deliveries")
+
+    async def _run_shielded_tasks(self) -> None:
+        """Run the handler and the deliveries under a scope only we may cancel.
+
+        The shutdown must still abort every request and deliver those aborts when the
+        block is left because of an outer cancellation, so these tasks ignore outside
+        cancellation; :func:`open_orchestrator` cancels them itself once the shutdown
+        is done or its grace period is over.
         """
-        await self._admit(
-            check_request_id(request_id),
-            prompt,
-            final_stage_ids,
-            None,
-            entry_stage_ids,
-            priority,
-        )
+        with self._shielded:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._handle, name="omni_trio handler")
+                for sid, stage in enumerate(self._stages):
+                    nursery.start_soon(
+                        self._deliver,
+                        stage,
+                        self._command_channels[sid][1],
+                        name=f"omni_trio stage {sid} delivery",
+                    )
+
+    async def _handle(self) -> None:
+        """The only task that touches the core."""
+        dispatch = self.dispatch
+        try:
+            while True:
+                deadline = dispatch.core.next_deadline()
+                if deadline is None:
+                    batch = await _receive_batch(self._inbox)
+                else:  # the watchdog is armed: wake up for it
+                    batch = []
+                    with trio.move_on_at(deadline):
+                        batch = await _receive_batch(self._inbox)
+                if dispatch.step(batch, trio.current_time()):
+                    for send, _ in self._command_channels:
+                        send.close()  # deliveries end once the aborts are out
+        finally:
+            self._close_inbox()
+
+    def _close_inbox(self) -> None:
+        """The handler is ending: settle what is queued, then close the channels."""
+        leftovers = []
+        while True:
+            try:
+                leftovers.append(self._inbox.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+        self._inbox.close()
+        self.dispatch.settle(leftovers)
+
+    async def _read_stage(self, stage_id: int, stage: Stage) -> None:
+        """Move stage ``stage_id``'s outputs to the handler, a batch at a time.
+
+        When the channel ends or reading it fails, the stage is dead: the handler
+        ends the requests that need it, with the stage's ``death_cause`` if it says one.
+        """
+        outputs: trio.abc.ReceiveChannel[StageItem] = stage.outputs
+        memory = isinstance(outputs, trio.MemoryReceiveChannel)
+        while True:
+            try:
+                if memory:
+                    batch = await _receive_batch(outputs)  # type: ignore[arg-type]
+                else:
+                    batch = [await outputs.receive()]
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                reason = death_cause(stage)
+                break
+            except Exception as exc:
+                logger.exception("stage %d: reading its outputs failed", stage_id)
+                reason = f"reading its outputs raised {describe(exc)}"
+                break
+            try:
+                await self._inbox_send.send(OutputsArrived(stage_id, batch))
+            except trio.BrokenResourceError:
+                return  # the handler is gone: we are shutting down
+        logger.warning("stage %d died: %s", stage_id, reason)
+        await self.report(StageDied(stage_id, reason))
+
+    async def _deliver(
+        self, stage: Stage, commands: trio.MemoryReceiveChannel[StageCommand]
+    ) -> None:
+        """Call one stage's submit/abort/release, one at a time, in decided order.
+
+        One such task per stage keeps a stage whose ``submit`` blocks from delaying
+        anyone else: the handler only queues commands here.
+        """
+        try:
+            while True:
+                try:
+                    batch = await _receive_batch(commands)
+                except trio.EndOfChannel:
+                    return  # shutdown: everything queued was delivered
+                for command in batch:
+                    await self.dispatch.deliver(stage, command)
+        finally:
+            self._deliveries_left -= 1
+            if not self._deliveries_left:
+                self._deliveries_done.set()
+
+    async def _idle_clock(self) -> None:
+        """Tell the handler when an output may have waited unread too long.
+
+        A task of its own, so that the handler's loop -- which runs per batch of
+        messages -- does not set a deadline each turn for a clock that, at 60 s,
+        almost never strikes.
+        """
+        flow = self._flow
+        while True:
+            deadline = flow.next_deadline()
+            if deadline is None:
+                await self._clock_armed.wait()
+                self._clock_armed = trio.Event()
+                continue
+            await trio.sleep_until(deadline)
+            looked = trio.Event()
+            try:
+                await self._inbox_send.send(ClockTick(looked.set))
+            except trio.BrokenResourceError:
+                return  # the handler is gone: we are shutting down
+            await looked.wait()  # its expire() has moved the next deadline on
+
+    async def _shutdown(self) -> None:
+        """Stop admitting, abort every request, deliver the aborts to the stages."""
+        self._closed = True
+        done = trio.Event()
+        try:
+            await self._inbox_send.send(ShutdownCall(done.set))
+        except trio.BrokenResourceError:
+            return  # the handler is already gone
+        await done.wait()
+        await self._deliveries_done.wait()
+
+
+@final
+class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
+    """A running orchestrator; get one from :func:`open_orchestrator`."""
+
+    _results: Outbox
+
+    def __init__(self, driver: TrioDriver, options: OrchestratorOptions) -> None:
+        super().__init__(driver.dispatch, options)
+        self._driver = driver
+        self._new_request_id = options.new_request_id or _random_request_id
+
+    # -- public API ------------------------------------------------------------------
 
     @asynccontextmanager
     async def open_request(
@@ -209,14 +369,16 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         """
         rid = check_request_id(self._new_request_id() if request_id is None else request_id)
         stream, outbox = new_stream(rid, self._flow)
-        await self._admit(rid, prompt, final_stage_ids, outbox, entry_stage_ids, priority)
+        await self._dispatch.admit(
+            rid, prompt, final_stage_ids, outbox, entry_stage_ids=entry_stage_ids, priority=priority
+        )
         try:
             yield stream
         finally:
             if stream.terminal is None:  # it may be among the outputs left unread
                 stream.terminal = outbox.skip_to_terminal()
             if stream.terminal is None:  # left early: bounded and shielded
-                with trio.move_on_after(self._shutdown_grace, shield=True):
+                with trio.move_on_after(self._options.shutdown_grace, shield=True):
                     await self.abort(rid)  # (after shutdown: it was aborted already)
                     stream.terminal = await outbox.wait_for_terminal()
             outbox.close_account()
@@ -275,17 +437,7 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         abort is cleanup, and a ``finally`` block with no time left -- a stream left
         with ``shutdown_grace=0`` -- still ends the request now, not at the shutdown.
         """
-        check_request_id(request_id)
-        if not self._closed:
-            try:
-                self._inbox_send.send_nowait(AbortRequest(request_id))
-            except trio.WouldBlock:
-                with contextlib.suppress(trio.BrokenResourceError):  # see below
-                    await self._inbox_send.send(AbortRequest(request_id))
-                return
-            except trio.BrokenResourceError:
-                pass  # shut down meanwhile: every request was aborted
-        await trio.lowlevel.checkpoint()
+        await self._driver.abort(check_request_id(request_id))
 
     async def drain(self) -> None:
         """Wait until no request is in flight.
@@ -296,201 +448,7 @@ class Orchestrator(OrchestratorBase, metaclass=NoPublicConstructor):
         orch.drain()`` right before leaving the block is a graceful shutdown: the
         requests in flight finish, and no new one starts.
         """
-        self._draining.value += 1
-        try:
-            done = trio.Event()
-            try:
-                await self._inbox_send.send(DrainCall(done.set))
-            except trio.BrokenResourceError:
-                return  # shut down: nothing is in flight any more
-            await done.wait()
-        finally:
-            self._draining.value -= 1
-
-    # -- what the base needs: waiting and sending ---------------------------------
-
-    def _closed_error(self) -> trio.ClosedResourceError:
-        return trio.ClosedResourceError(
-            "the orchestrator is closed: requests can only be added inside its "
-            "'async with open_orchestrator(...)' block"
-        )
-
-    async def _wait_for_drains(self) -> None:
-        if self._draining.value:
-            await self._draining.wait_value(0)
-
-    async def _send_admission(self, admit: AdmitRequest) -> None:
-        if self._closed:  # it may have closed while we waited
-            raise self._closed_error()
-        try:
-            await self._inbox_send.send(admit)
-        except trio.BrokenResourceError:
-            raise self._closed_error() from None
-
-    # -- tasks -----------------------------------------------------------------------
-
-    @asynccontextmanager
-    async def _running(self) -> AsyncIterator[None]:
-        """Run the tasks for the duration of the block; leaving it shuts down (see
-        :func:`open_orchestrator`): no task is left behind."""
-        async with trio.open_nursery() as nursery:
-            self._start(nursery)
-            try:
-                yield
-            finally:
-                with trio.move_on_after(self._shutdown_grace, shield=True) as grace:
-                    await self._shutdown()
-                if grace.cancelled_caught:
-                    logger.warning(
-                        "shutdown: stages did not take their aborts within %s s",
-                        self._shutdown_grace,
-                    )
-                self._shielded.cancel()
-                nursery.cancel_scope.cancel()
-
-    def _start(self, nursery: trio.Nursery) -> None:
-        for sid, stage in enumerate(self._stages):
-            nursery.start_soon(self._read_stage, sid, stage, name=f"omni_trio stage {sid} reader")
-        if self._flow.consumer_idle_timeout is not None:
-            nursery.start_soon(self._idle_clock, name="omni_trio idle clock")
-        nursery.start_soon(self._run_shielded_tasks, name="omni_trio handler and deliveries")
-
-    async def _run_shielded_tasks(self) -> None:
-        """Run the handler and the deliveries under a scope only we may cancel.
-
-        The shutdown must still abort every request and deliver those aborts when the
-        block is left because of an outer cancellation, so these tasks ignore outside
-        cancellation; :func:`open_orchestrator` cancels them itself once the shutdown
-        is done or its grace period is over.
-        """
-        with self._shielded:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._handle, name="omni_trio handler")
-                for sid, stage in enumerate(self._stages):
-                    nursery.start_soon(
-                        self._deliver,
-                        stage,
-                        self._command_channels[sid][1],
-                        name=f"omni_trio stage {sid} delivery",
-                    )
-
-    async def _handle(self) -> None:
-        """The only task that touches the core."""
-        dispatch = self._dispatch
-        try:
-            while True:
-                deadline = dispatch.core.next_deadline()
-                if deadline is None:
-                    batch = await _receive_batch(self._inbox)
-                else:  # the watchdog is armed: wake up for it
-                    batch = []
-                    with trio.move_on_at(deadline):
-                        batch = await _receive_batch(self._inbox)
-                if dispatch.step(batch, trio.current_time()):
-                    for send, _ in self._command_channels:
-                        send.close()  # deliveries end once the aborts are out
-        finally:
-            self._close_inbox()
-
-    def _close_inbox(self) -> None:
-        """The handler is ending: settle what is queued, then close the channels."""
-        leftovers = []
-        while True:
-            try:
-                leftovers.append(self._inbox.receive_nowait())
-            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-                break
-        self._inbox.close()
-        self._settle(leftovers)
-
-    async def _read_stage(self, stage_id: int, stage: Stage) -> None:
-        """Move stage ``stage_id``'s outputs to the handler, a batch at a time.
-
-        When the channel ends or reading it fails, the stage is dead: the handler
-        ends the requests that need it, with the stage's ``death_cause`` if it says one.
-        """
-        outputs: trio.abc.ReceiveChannel[StageItem] = stage.outputs
-        memory = isinstance(outputs, trio.MemoryReceiveChannel)
-        while True:
-            try:
-                if memory:
-                    batch = await _receive_batch(outputs)  # type: ignore[arg-type]
-                else:
-                    batch = [await outputs.receive()]
-            except (trio.EndOfChannel, trio.ClosedResourceError):
-                reason = death_cause(stage)
-                break
-            except Exception as exc:
-                logger.exception("stage %d: reading its outputs failed", stage_id)
-                reason = f"reading its outputs raised {describe(exc)}"
-                break
-            try:
-                await self._inbox_send.send(OutputsArrived(stage_id, batch))
-            except trio.BrokenResourceError:
-                return  # the handler is gone: we are shutting down
-        logger.warning("stage %d died: %s", stage_id, reason)
-        await self._report(StageDied(stage_id, reason))
-
-    async def _deliver(
-        self, stage: Stage, commands: trio.MemoryReceiveChannel[StageCommand]
-    ) -> None:
-        """Call one stage's submit/abort/release, one at a time, in decided order.
-
-        One such task per stage keeps a stage whose ``submit`` blocks from delaying
-        anyone else: the handler only queues commands here.
-        """
-        try:
-            while True:
-                try:
-                    batch = await _receive_batch(commands)
-                except trio.EndOfChannel:
-                    return  # shutdown: everything queued was delivered
-                for command in batch:
-                    await self._dispatch.deliver(stage, command, self._report)
-        finally:
-            self._deliveries_left -= 1
-            if not self._deliveries_left:
-                self._deliveries_done.set()
-
-    def _arm_clock(self) -> None:
-        self._clock_armed.set()
-
-    async def _idle_clock(self) -> None:
-        """Tell the handler when an output may have waited unread too long.
-
-        A task of its own, so that the handler's loop -- which runs per batch of
-        messages -- does not set a deadline each turn for a clock that, at 60 s,
-        almost never strikes.
-        """
-        flow = self._flow
-        while True:
-            deadline = flow.next_deadline()
-            if deadline is None:
-                await self._clock_armed.wait()
-                self._clock_armed = trio.Event()
-                continue
-            await trio.sleep_until(deadline)
-            looked = trio.Event()
-            try:
-                await self._inbox_send.send(ClockTick(looked.set))
-            except trio.BrokenResourceError:
-                return  # the handler is gone: we are shutting down
-            await looked.wait()  # its expire() has moved the next deadline on
-
-    async def _report(self, message: InboxMessage) -> None:
-        with contextlib.suppress(trio.BrokenResourceError):  # shutting down: the request
-            await self._inbox_send.send(message)  # is being aborted anyway
-
-    async def _shutdown(self) -> None:
-        """Stop admitting, abort every request, deliver the aborts to the stages."""
-        self._closed = True
-        done = trio.Event()
-        try:
-            await self._inbox_send.send(ShutdownCall(done.set))
-        except trio.BrokenResourceError:
-            return  # the handler is already gone
-        await done.wait()
-        await self._deliveries_done.wait()
+        await self._driver.drain()
 
 
 def _random_request_id() -> str:
@@ -500,114 +458,47 @@ def _random_request_id() -> str:
 @asynccontextmanager
 async def open_orchestrator(
     stages: Sequence[Stage],
-    final_stage_ids: Iterable[int],
+    final_stage_ids: Iterable[int] | Mapping[int, str],
     *,
-    graph: Sequence[Iterable[int]] | None = None,
-    forward_fn: ForwardFn | None = None,
-    input_fn: InputFn | None = None,
-    prewarm_fn: PrewarmFn | None = None,
-    stage_idle_timeout: float | None = None,
-    max_in_flight: int | None = None,
-    priority_aging_s: float | None = DEFAULT_AGING_S,
-    shutdown_grace: float = 5.0,
-    max_unread_bytes: int = MAX_UNREAD_BYTES,
-    max_unread_outputs: int = MAX_UNREAD_OUTPUTS,
-    consumer_idle_timeout: float = CONSUMER_IDLE_TIMEOUT,
-    max_forward_bytes: int = MAX_FORWARD_BYTES,
-    new_request_id: Callable[[], str] | None = None,
+    options: OrchestratorOptions | None = None,
+    **keywords: Any,
 ) -> AsyncIterator[Orchestrator]:
     """Run an orchestrator over ``stages`` for the duration of the block.
 
-    Give exactly one of ``prewarm_fn`` (async_chunk mode) and ``forward_fn`` or
-    ``input_fn`` (forward mode). The orchestrator's tasks live in a nursery owned by
-    the block. Leaving the block stops admissions, aborts every in-flight request
-    (its stream gets an ``"aborted"`` terminal; its stages get ``abort``), waits up
-    to ``shutdown_grace`` seconds -- shielded from cancellation -- for those aborts to
+    How it runs is an :class:`OrchestratorOptions`: ``options=``, or its fields as
+    keywords (``prewarm_fn=``, ``max_in_flight=``, ...), or both (the keywords
+    replace those fields of ``options``). Give exactly one of ``prewarm_fn``
+    (async_chunk mode) and ``forward_fn`` or ``input_fn`` (forward mode). The
+    orchestrator's tasks live in a nursery owned by the block. Leaving the block
+    stops admissions, aborts every in-flight request (its stream gets an
+    ``"aborted"`` terminal; its stages get ``abort``), waits up to
+    ``shutdown_grace`` seconds -- shielded from cancellation -- for those aborts to
     reach the stages, then cancels the orchestrator's tasks. No task is left behind.
 
     Args:
       stages: The pipeline's stages, in order (see :class:`Stage`).
       final_stage_ids: The user-facing stages: a request's finals unless it names
-          its own.
-      graph: Which stage reads which: ``graph[k]`` lists the stages stage ``k``
-          reads (fan-in where it lists several, fan-out where several list one).
-          It must be acyclic. ``None`` (the default): a line, stage ``k`` reading
-          stage ``k - 1``.
-      forward_fn: ``forward_fn(stage_id, outputs)`` builds the input of the stages
-          that read stage ``stage_id`` from the non-``None`` data it emitted, in
-          order. A stage that reads several (a join) gets a ``dict``: per stage it
-          reads, by index, ``forward_fn`` of that stage's data.
-      input_fn: ``input_fn(stage_id, outputs)`` builds stage ``stage_id``'s input,
-          where ``outputs[k]`` is the data of stage ``k``, each stage it reads on the
-          request's route: the graph's form of ``forward_fn``. In forward mode a
-          stage is submitted once every stage it reads on the route has finished.
-      prewarm_fn: ``prewarm_fn(stage_id, prompt)`` builds the placeholder input that
-          a stage of the request's route other than its entries gets at admission.
-      stage_idle_timeout: The watchdog: if a submitted stage sends nothing for a
-          request (since its submit or its last output) for this many seconds before
-          finishing it, the request ends with an ``"error"`` terminal and its stages
-          get ``abort``. ``None`` (the default) turns it off.
-      max_in_flight: Admission control: :meth:`~Orchestrator.add_request` and
-          :meth:`~Orchestrator.open_request` wait while this many requests are in
-          flight, and hand the slots out by priority. ``None`` (the default): no
-          limit.
-      priority_aging_s: A request waiting for a ``max_in_flight`` slot gains one
-          step of priority per this many seconds waited, so that low-priority work
-          always gets in (``None``: strict priority, no aging).
-      shutdown_grace: Seconds the shutdown, and a stream's abort when its block is
-          left early, may spend delivering aborts.
-      max_unread_bytes, max_unread_outputs: Flow control: each request may hold at
-          most this many bytes (of ``bytes`` and ``str`` data) and outputs that its
-          consumer has not taken. At the bound, its final stages that have a
-          ``credit`` method (see :class:`Stage`) hold that request's engines -- and
-          no other request's -- until the consumer reads on.
-      consumer_idle_timeout: A request with an output that waited unread this many
-          seconds ends with an ``"error"`` terminal saying so, and what it had
-          waiting is dropped. A stage slow to produce is never idle: only an output
-          waiting counts. ``0`` turns it off.
-      max_forward_bytes: Forward mode: a request whose stage sends more than this
-          many bytes of data for the next stage's input fails, naming the key.
-      new_request_id: Makes the id of a request opened without one (default: a
-          random ``uuid4().hex``). A simulation gives ids drawn from its seed.
+          its own. A mapping ``{stage_id: output_type}`` also says what each one's
+          outputs are, as ``{0: "text", 2: "audio"}``: every :class:`OrchOutput`
+          of that stage carries it as its ``output_type`` (given a set, that is
+          ``None``).
+      options: How it runs (default: :class:`OrchestratorOptions`' defaults).
+      keywords: Fields of :class:`OrchestratorOptions`, replacing those of
+          ``options``.
 
     Raises:
       ValueError: no stages, not exactly one of ``forward_fn``, ``input_fn`` and
           ``prewarm_fn``, ``final_stage_ids`` empty or naming a stage that does not
-          exist, a ``graph`` naming a stage that does not exist or with a cycle, a
-          non-positive ``stage_idle_timeout``/``max_in_flight``/``max_unread_*``/
-          ``max_forward_bytes``/``priority_aging_s``, or a negative
-          ``shutdown_grace``/``consumer_idle_timeout``.
-      TypeError: a stage lacks ``outputs``/``submit``/``abort``, or a function is not
-          callable.
+          exist (or an empty output type), a ``graph`` of another number of stages,
+          or a bad option (see :class:`OrchestratorOptions`).
+      TypeError: a stage lacks ``outputs``/``submit``/``abort``, a keyword that is
+          not an option, an option of the wrong type, or an output type that is not
+          a ``str``.
     """
-    core, checked, limits = prepare(
-        stages,
-        final_stage_ids,
-        check_stage,
-        graph=graph,
-        forward_fn=forward_fn,
-        input_fn=input_fn,
-        prewarm_fn=prewarm_fn,
-        stage_idle_timeout=stage_idle_timeout,
-        max_in_flight=max_in_flight,
-        shutdown_grace=shutdown_grace,
-        max_unread_bytes=max_unread_bytes,
-        max_unread_outputs=max_unread_outputs,
-        consumer_idle_timeout=consumer_idle_timeout,
-        max_forward_bytes=max_forward_bytes,
-    )
-    check_aging(priority_aging_s)
-    if new_request_id is not None and not callable(new_request_id):
-        raise TypeError(f"new_request_id must be callable, got {new_request_id!r}")
-    orchestrator = Orchestrator._create(  # noqa: SLF001 - the module's own factory
-        core,
-        checked,
-        max_in_flight=max_in_flight,
-        priority_aging_s=priority_aging_s,
-        shutdown_grace=shutdown_grace,
-        limits=limits,
-        new_request_id=new_request_id or _random_request_id,
-    )
+    options = options_of(options, keywords, "open_orchestrator")
+    core, checked = prepare(stages, final_stage_ids, options, check_stage)
+    driver = TrioDriver(core, checked, options)
+    orchestrator = Orchestrator._create(driver, options)  # noqa: SLF001 - the module's own factory
     with unwrap_single_exception():
-        async with orchestrator._running():  # noqa: SLF001 - the module's own factory
+        async with driver.running():
             yield orchestrator

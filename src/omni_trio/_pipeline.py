@@ -12,10 +12,10 @@ import attrs
 
 from ._driver import OrchestratorStatistics
 from ._orchestrator import Orchestrator, open_orchestrator
+from ._process_pipeline import ProcessPipeline, open_process_pipeline
 from ._util import NoPublicConstructor, final
 from .config import PipelineConfig, resolve_pipeline
 from .process._connector import ConnectorStatistics, ShmConnector
-from .process._pipeline import ProcessPipeline, open_process_pipeline
 from .process._stage import ProcessStage, ProcessStageStatistics
 
 __all__ = ["Pipeline", "PipelineStatistics", "open_pipeline"]
@@ -111,7 +111,7 @@ async def open_pipeline(
         open_process_pipeline(resolved) as processes,
         open_orchestrator(
             processes.stages,
-            resolved.final_stage_ids,
+            resolved.final_output_types,  # {stage_id: final_output_type}
             **resolved.orchestrator_functions(),
             **resolved.orchestrator_options,
         ) as orchestrator,

@@ -22,22 +22,16 @@ import asyncio
 import logging
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Protocol, TypeVar
 
 from .._checks import check_request_id, check_stage_methods
-from .._core import MAX_FORWARD_BYTES, ForwardFn, InputFn, OrchestratorCore, PrewarmFn, StageCommand
-from .._dispatch import INBOX_SIZE, MAX_BATCH, death_cause
-from .._driver import OrchestratorBase, prepare
+from .._core import OrchestratorCore, StageCommand
+from .._dispatch import INBOX_SIZE, MAX_BATCH, Dispatcher, death_cause
+from .._driver import OrchestratorBase, OrchestratorOptions, options_of, prepare
 from .._errors import unwrap_single_exception
-from .._flow import (
-    CONSUMER_IDLE_TIMEOUT,
-    MAX_UNREAD_BYTES,
-    MAX_UNREAD_OUTPUTS,
-    FlowLedger,
-    FlowLimits,
-)
+from .._flow import FlowLedger
 from .._inbox import (
     AbortRequest,
     AdmitRequest,
@@ -49,7 +43,7 @@ from .._inbox import (
     StageDied,
 )
 from .._messages import OrchOutput, StageOutput, StageRequest
-from .._priority import DEFAULT_AGING_S, SlotTable, check_aging
+from .._priority import SlotTable
 from .._sink import OutboxBase, StreamBase
 from .._util import NoPublicConstructor, describe, final
 
@@ -77,15 +71,6 @@ T = TypeVar("T")
 
 END_OF_OUTPUTS: Any = type("EndOfOutputs", (), {"__repr__": lambda self: "END_OF_OUTPUTS"})()
 """Put on a stage's ``outputs`` queue to say the stage is gone (its outputs ended)."""
-
-
-#: The flow-control arguments' defaults (as :func:`omni_trio.open_orchestrator`'s).
-DEFAULT_BOUNDS: dict[str, Any] = {
-    "max_unread_bytes": MAX_UNREAD_BYTES,
-    "max_unread_outputs": MAX_UNREAD_OUTPUTS,
-    "consumer_idle_timeout": CONSUMER_IDLE_TIMEOUT,
-    "max_forward_bytes": MAX_FORWARD_BYTES,
-}
 
 
 class EndOfOutputs(Exception):
@@ -241,178 +226,118 @@ class AsyncioRequestStream(StreamBase, metaclass=NoPublicConstructor):
     :meth:`receive` raises :class:`EndOfOutputs` once the terminal was received."""
 
 
-class AsyncioDriver(OrchestratorBase):
-    """What every asyncio driver of the core shares: the public API, admissions, the
-    shutdown. A subclass supplies its tasks (:meth:`_handle`, :meth:`_read_stage`,
-    :meth:`_deliver`) and how outputs reach consumers (:meth:`_new_outbox`,
-    :meth:`_new_stream`): the batched twin here, the plain design in
-    :mod:`omni_trio.compare.plain_asyncio`.
+class AsyncioDriver:
+    """The asyncio side of the driver port (:class:`omni_trio._dispatch.Driver`), and
+    the tasks every asyncio design shares: the handler's inbox and the deliveries'
+    queues, admissions and drains, the idle clock, the readers' end, the shutdown.
+
+    A subclass supplies its hops (:meth:`_handle`, :meth:`_move_outputs`,
+    :meth:`_deliver`) and its outboxes (:meth:`new_outbox`, :meth:`new_stream`):
+    the batched twin's here (:class:`TwinDriver`), the plain design's in
+    :mod:`omni_trio.compare.plain_asyncio`. The user's handle on it is an
+    :class:`AsyncioHandle`.
     """
 
-    _results: Any  # the subclass's outbox: a sink with an ``async get()``
     #: The inbox's bound (``0``: unbounded).
     _inbox_size = INBOX_SIZE
 
     @staticmethod
-    def _new_outbox() -> Any:
+    def new_outbox() -> Any:
         """Where the outputs for ``next_output()`` go: a sink with an ``async get()``."""
         raise NotImplementedError
 
     @staticmethod
-    def _new_stream(request_id: str, flow: FlowLedger) -> tuple[StreamBase, OutboxBase]:
-        """What :meth:`open_request` yields, and the outbox the handler fills for it
-        (its reads reported to ``flow``)."""
+    def new_stream(request_id: str, flow: FlowLedger) -> tuple[StreamBase, OutboxBase]:
+        """What :meth:`AsyncioHandle.open_request` yields, and the outbox the handler
+        fills for it (its reads reported to ``flow``)."""
         raise NotImplementedError
 
     def __init__(
         self,
         core: OrchestratorCore,
         stages: Sequence[AsyncioStage],
-        *,
-        max_in_flight: int | None,
-        shutdown_grace: float,
-        limits: FlowLimits,
-        priority_aging_s: float | None = DEFAULT_AGING_S,
+        options: OrchestratorOptions,
     ) -> None:
         self._stages = tuple(stages)
-        self._shutdown_grace = shutdown_grace
-        self._closed = False
+        self._shutdown_grace = options.shutdown_grace
+        self.closed = False  # no more admissions (set when the block exits)
         self._inbox: asyncio.Queue[Any] = asyncio.Queue(self._inbox_size)
         self._commands: list[asyncio.Queue[StageCommand | None]] = [
             asyncio.Queue() for _ in self._stages
         ]
-        super().__init__(
-            core,
-            self._stages,
-            results=self._new_outbox(),
-            slots=None
-            if max_in_flight is None
-            else _PrioritySlots(max_in_flight, priority_aging_s),
-            send_command=lambda command: self._commands[command.stage_id].put_nowait(command),
-            logger=logger,
-            max_in_flight=max_in_flight,
-            limits=limits,
-            on_armed=self._arm_clock,
-        )
         self._clock_armed = asyncio.Event()  # the idle clock got a deadline
         self._draining = 0
         self._drain_over = asyncio.Event()
         self._deliveries: list[asyncio.Task[None]] = []
         self._background: list[asyncio.Task[None]] = []
+        # the port's attributes, then the dispatcher that reads them
+        self.results = self.new_outbox()
+        self.slots = (
+            None
+            if options.max_in_flight is None
+            else _PrioritySlots(options.max_in_flight, options.priority_aging_s)
+        )
+        self.logger = logger
+        self.dispatch = Dispatcher(core, self._stages, self, limits=options.limits)
+        self._flow = self.dispatch.flow
 
-    # -- public API (mirrors omni_trio.Orchestrator) -------------------------------
+    # -- the port (what the dispatcher asks) -----------------------------------------
 
-    async def add_request(
-        self,
-        request_id: str,
-        prompt: Any,
-        *,
-        final_stage_ids: Iterable[int] | None = None,
-        entry_stage_ids: Iterable[int] | None = None,
-        priority: int = 0,
-    ) -> None:
-        """Admit a request; see :meth:`omni_trio.Orchestrator.add_request`."""
-        await self._admit(
-            check_request_id(request_id),
-            prompt,
-            final_stage_ids,
-            None,
-            entry_stage_ids,
-            priority,
+    def check_open(self) -> None:
+        if self.closed:
+            raise self._closed_error()
+
+    @staticmethod
+    def _closed_error() -> OrchestratorClosed:
+        return OrchestratorClosed(
+            "the orchestrator is closed: requests can only be added inside its "
+            "'async with open_asyncio_orchestrator(...)' block"
         )
 
-    @asynccontextmanager
-    async def open_request(
-        self,
-        prompt: Any,
-        *,
-        request_id: str | None = None,
-        final_stage_ids: Iterable[int] | None = None,
-        entry_stage_ids: Iterable[int] | None = None,
-        priority: int = 0,
-    ) -> AsyncIterator[Any]:
-        """Admit a request and read its outputs from the block; leaving early aborts it
-        and waits (up to ``shutdown_grace``) for its terminal, kept in ``terminal``."""
-        rid = check_request_id(uuid.uuid4().hex if request_id is None else request_id)
-        stream, outbox = self._new_stream(rid, self._flow)
-        await self._admit(rid, prompt, final_stage_ids, outbox, entry_stage_ids, priority)
-        try:
-            yield stream
-        finally:
-            if stream.terminal is None:  # it may be among the outputs left unread
-                stream.terminal = outbox.skip_to_terminal()
-            if stream.terminal is None:  # left early
-                # asyncio cancellation is edge-triggered: these awaits run even when
-                # the block is left because the task was cancelled (a second
-                # cancellation would interrupt them). The send can only block while
-                # the inbox is full, which the handler empties promptly; the terminal
-                # follows the abort (or the shutdown's, once closed).
-                try:
-                    async with timeout(self._shutdown_grace):
-                        if not self._closed:
-                            await self._send(AbortRequest(rid))
-                        stream.terminal = await outbox.wait_for_terminal()
-                except _TIMEOUTS:
-                    pass  # as the Trio orchestrator: terminal stays None
-            outbox.close_account()
+    async def wait_for_drains(self) -> None:
+        while self._draining:
+            await self._drain_over.wait()
 
-    async def next_output(self) -> OrchOutput:
-        """The next output of a request admitted with :meth:`add_request`.
+    async def send_admission(self, admit: AdmitRequest) -> None:
+        if self.closed:  # it may have closed while we waited
+            raise self._closed_error()
+        # The commit point: a put that is cancelled has not enqueued anything.
+        await self._inbox.put(admit)
 
-        Raises:
-          EndOfOutputs: after shutdown, once every output was taken.
-        """
-        output: OrchOutput = await self._results.get()
-        return output
+    def queue_command(self, command: StageCommand) -> None:
+        self._commands[command.stage_id].put_nowait(command)
 
-    async def abort(self, request_id: str) -> None:
-        """End a request now; see :meth:`omni_trio.Orchestrator.abort`."""
-        check_request_id(request_id)
-        if self._closed:
-            await asyncio.sleep(0)
-            return
-        await self._send(AbortRequest(request_id))
+    def arm_clock(self) -> None:
+        self._clock_armed.set()
+
+    async def report(self, message: InboxMessage) -> None:
+        await self._inbox.put(message)
+
+    # -- what the handle asks --------------------------------------------------------
+
+    async def send(self, message: InboxMessage) -> None:
+        """Put ``message`` in the handler's inbox."""
+        await self._inbox.put(message)
 
     async def drain(self) -> None:
-        """Wait until no request is in flight; admissions wait meanwhile."""
+        """:meth:`AsyncioHandle.drain`."""
         self._draining += 1
         self._drain_over.clear()
         try:
-            if self._closed:
+            if self.closed:
                 return
             done = asyncio.Event()
-            await self._send(DrainCall(done.set))
+            await self.send(DrainCall(done.set))
             await done.wait()
         finally:
             self._draining -= 1
             if not self._draining:
                 self._drain_over.set()
 
-    # -- what the base needs: waiting and sending ---------------------------------
-
-    def _closed_error(self) -> OrchestratorClosed:
-        return OrchestratorClosed(
-            "the orchestrator is closed: requests can only be added inside its "
-            "'async with open_asyncio_orchestrator(...)' block"
-        )
-
-    async def _wait_for_drains(self) -> None:
-        while self._draining:
-            await self._drain_over.wait()
-
-    async def _send_admission(self, admit: AdmitRequest) -> None:
-        if self._closed:  # it may have closed while we waited
-            raise self._closed_error()
-        # The commit point: a put that is cancelled has not enqueued anything.
-        await self._inbox.put(admit)
-
-    async def _send(self, message: InboxMessage) -> None:
-        await self._inbox.put(message)
-
     # -- tasks -----------------------------------------------------------------------
 
     @asynccontextmanager
-    async def _running(self) -> AsyncIterator[None]:
+    async def running(self) -> AsyncIterator[None]:
         """Run the tasks for the block, then shut down as
         :func:`open_asyncio_orchestrator` says."""
         async with TaskGroup() as group:
@@ -439,9 +364,6 @@ class AsyncioDriver(OrchestratorBase):
         if self._flow.consumer_idle_timeout is not None:
             self._background.append(group.create_task(self._idle_clock()))
 
-    def _arm_clock(self) -> None:
-        self._clock_armed.set()
-
     async def _idle_clock(self) -> None:
         """Tell the handler when an output may have waited unread too long (a task of
         its own, as the Trio orchestrator's)."""
@@ -455,7 +377,7 @@ class AsyncioDriver(OrchestratorBase):
                 continue
             await asyncio.sleep(max(0.0, deadline - loop.time()))
             looked = asyncio.Event()
-            await self._send(ClockTick(looked.set))
+            await self.send(ClockTick(looked.set))
             await looked.wait()  # its expire() has moved the next deadline on
 
     async def _handle(self) -> None:
@@ -482,7 +404,7 @@ class AsyncioDriver(OrchestratorBase):
                 leftovers.append(self._inbox.get_nowait())
             except asyncio.QueueEmpty:
                 break
-        self._settle(self._messages(leftovers))
+        self.dispatch.settle(self._messages(leftovers))
 
     def _messages(self, items: list[Any]) -> list[InboxMessage]:
         """What the inbox held, as messages (the plain design puts bare outputs there)."""
@@ -501,7 +423,7 @@ class AsyncioDriver(OrchestratorBase):
         if reason is None:  # it ended: the stage may say why
             reason = death_cause(stage)
         logger.warning("stage %d died: %s", stage_id, reason)
-        await self._send(StageDied(stage_id, reason))
+        await self.send(StageDied(stage_id, reason))
 
     async def _move_outputs(self, stage_id: int, outputs: Any) -> None:
         """Hand the outputs of ``outputs`` (a queue or an async iterator) to the
@@ -513,9 +435,9 @@ class AsyncioDriver(OrchestratorBase):
         raise NotImplementedError
 
     async def _shutdown(self) -> None:
-        self._closed = True
+        self.closed = True
         done = asyncio.Event()
-        await self._send(ShutdownCall(done.set))
+        await self.send(ShutdownCall(done.set))
         await done.wait()
         await asyncio.gather(*self._deliveries)
 
@@ -524,36 +446,96 @@ class AsyncioDriver(OrchestratorBase):
             task.cancel()
 
 
-@final
-class AsyncioOrchestrator(AsyncioDriver, metaclass=NoPublicConstructor):
-    """A running asyncio twin; get one from :func:`open_asyncio_orchestrator`.
+class AsyncioHandle(OrchestratorBase):
+    """What every asyncio design's user gets (mirrors :class:`omni_trio.Orchestrator`):
+    the public API over an :class:`AsyncioDriver`."""
 
-    Every hop moves batches, as in the Trio orchestrator: a task waits for one item,
-    then takes whatever else is ready (``get_nowait()``) and hands it on at once.
-    """
+    _results: Any  # the driver's outbox: a sink with an ``async get()``
 
-    _results: _Outbox
+    def __init__(self, driver: AsyncioDriver, options: OrchestratorOptions) -> None:
+        super().__init__(driver.dispatch, options)
+        self._driver = driver
+        self._new_request_id = options.new_request_id or _random_request_id
 
-    @staticmethod
-    def _new_outbox() -> _Outbox:
-        return _Outbox()
+    @asynccontextmanager
+    async def open_request(
+        self,
+        prompt: Any,
+        *,
+        request_id: str | None = None,
+        final_stage_ids: Iterable[int] | None = None,
+        entry_stage_ids: Iterable[int] | None = None,
+        priority: int = 0,
+    ) -> AsyncIterator[Any]:
+        """Admit a request and read its outputs from the block; leaving early aborts it
+        and waits (up to ``shutdown_grace``) for its terminal, kept in ``terminal``."""
+        driver = self._driver
+        rid = check_request_id(self._new_request_id() if request_id is None else request_id)
+        stream, outbox = driver.new_stream(rid, self._flow)
+        await self._dispatch.admit(
+            rid, prompt, final_stage_ids, outbox, entry_stage_ids=entry_stage_ids, priority=priority
+        )
+        try:
+            yield stream
+        finally:
+            if stream.terminal is None:  # it may be among the outputs left unread
+                stream.terminal = outbox.skip_to_terminal()
+            if stream.terminal is None:  # left early
+                # asyncio cancellation is edge-triggered: these awaits run even when
+                # the block is left because the task was cancelled (a second
+                # cancellation would interrupt them). The send can only block while
+                # the inbox is full, which the handler empties promptly; the terminal
+                # follows the abort (or the shutdown's, once closed).
+                try:
+                    async with timeout(self._options.shutdown_grace):
+                        if not driver.closed:
+                            await driver.send(AbortRequest(rid))
+                        stream.terminal = await outbox.wait_for_terminal()
+                except _TIMEOUTS:
+                    pass  # as the Trio orchestrator: terminal stays None
+            outbox.close_account()
 
-    @staticmethod
-    def _new_stream(request_id: str, flow: FlowLedger) -> tuple[AsyncioRequestStream, _Outbox]:
-        outbox = _Outbox(flow, request_id)
-        return AsyncioRequestStream._create(request_id, outbox), outbox  # noqa: SLF001 - its own factory
-
-    async def next_outputs(self) -> list[OrchOutput]:
-        """The next output of a request admitted with :meth:`add_request`, and every
-        such output already waiting; see :meth:`omni_trio.Orchestrator.next_outputs`.
+    async def next_output(self) -> OrchOutput:
+        """The next output of a request admitted with :meth:`add_request`.
 
         Raises:
           EndOfOutputs: after shutdown, once every output was taken.
         """
-        return await self._results.get_batch()
+        output: OrchOutput = await self._results.get()
+        return output
+
+    async def abort(self, request_id: str) -> None:
+        """End a request now; see :meth:`omni_trio.Orchestrator.abort`."""
+        check_request_id(request_id)
+        if self._driver.closed:
+            await asyncio.sleep(0)
+            return
+        await self._driver.send(AbortRequest(request_id))
+
+    async def drain(self) -> None:
+        """Wait until no request is in flight; admissions wait meanwhile."""
+        await self._driver.drain()
+
+
+@final
+class TwinDriver(AsyncioDriver):
+    """The asyncio twin's hops. Every hop moves batches, as in the Trio orchestrator:
+    a task waits for one item, then takes whatever else is ready (``get_nowait()``)
+    and hands it on at once."""
+
+    results: _Outbox
+
+    @staticmethod
+    def new_outbox() -> _Outbox:
+        return _Outbox()
+
+    @staticmethod
+    def new_stream(request_id: str, flow: FlowLedger) -> tuple[AsyncioRequestStream, _Outbox]:
+        outbox = _Outbox(flow, request_id)
+        return AsyncioRequestStream._create(request_id, outbox), outbox  # noqa: SLF001 - its own factory
 
     async def _handle(self) -> None:
-        dispatch = self._dispatch
+        dispatch = self.dispatch
         loop = asyncio.get_running_loop()
         try:
             while True:
@@ -575,12 +557,12 @@ class AsyncioOrchestrator(AsyncioDriver, metaclass=NoPublicConstructor):
                 if END_OF_OUTPUTS in batch:
                     batch = batch[: batch.index(END_OF_OUTPUTS)]
                     if batch:
-                        await self._send(OutputsArrived(stage_id, batch))
+                        await self.send(OutputsArrived(stage_id, batch))
                     return
-                await self._send(OutputsArrived(stage_id, batch))
+                await self.send(OutputsArrived(stage_id, batch))
         else:
             async for output in outputs:
-                await self._send(OutputsArrived(stage_id, [output]))
+                await self.send(OutputsArrived(stage_id, [output]))
 
     async def _deliver(self, stage_id: int, stage: AsyncioStage) -> None:
         queue = self._commands[stage_id]
@@ -588,98 +570,75 @@ class AsyncioOrchestrator(AsyncioDriver, metaclass=NoPublicConstructor):
             for command in await _get_batch(queue):
                 if command is None:
                     return  # shutdown: everything queued before it was delivered
-                await self._dispatch.deliver(stage, command, self._send)
+                await self.dispatch.deliver(stage, command)
 
 
-D = TypeVar("D", bound=AsyncioDriver)
+@final
+class AsyncioOrchestrator(AsyncioHandle, metaclass=NoPublicConstructor):
+    """A running asyncio twin; get one from :func:`open_asyncio_orchestrator`.
+
+    Every hop moves batches, as in the Trio orchestrator: a task waits for one item,
+    then takes whatever else is ready (``get_nowait()``) and hands it on at once.
+    """
+
+    _results: _Outbox
+
+    async def next_outputs(self) -> list[OrchOutput]:
+        """The next output of a request admitted with :meth:`add_request`, and every
+        such output already waiting; see :meth:`omni_trio.Orchestrator.next_outputs`.
+
+        Raises:
+          EndOfOutputs: after shutdown, once every output was taken.
+        """
+        return await self._results.get_batch()
+
+
+def _random_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+H = TypeVar("H", bound=AsyncioHandle)
 
 
 @asynccontextmanager
-async def run_driver(
-    driver: Callable[..., D],
+async def run_asyncio(
+    driver: Callable[[OrchestratorCore, list[AsyncioStage], OrchestratorOptions], AsyncioDriver],
+    handle: Callable[[AsyncioDriver, OrchestratorOptions], H],
     stages: Sequence[AsyncioStage],
-    final_stage_ids: Iterable[int],
-    *,
-    graph: Sequence[Iterable[int]] | None = None,
-    forward_fn: ForwardFn | None,
-    input_fn: InputFn | None = None,
-    prewarm_fn: PrewarmFn | None,
-    stage_idle_timeout: float | None,
-    max_in_flight: int | None,
-    shutdown_grace: float,
-    priority_aging_s: float | None = DEFAULT_AGING_S,
-    **bounds: Any,
-) -> AsyncIterator[D]:
-    """Check the arguments, build ``driver(core, stages, ...)``, run its tasks for the
-    block, and shut it down as :func:`open_asyncio_orchestrator` says. ``bounds``:
-    the flow-control arguments of :func:`omni_trio.open_orchestrator`."""
-    core, checked, limits = prepare(
-        stages,
-        final_stage_ids,
-        _check_stage,
-        graph=graph,
-        forward_fn=forward_fn,
-        input_fn=input_fn,
-        prewarm_fn=prewarm_fn,
-        stage_idle_timeout=stage_idle_timeout,
-        max_in_flight=max_in_flight,
-        shutdown_grace=shutdown_grace,
-        **(DEFAULT_BOUNDS | bounds),
-    )
-    check_aging(priority_aging_s)
-    orchestrator = driver(
-        core,
-        checked,
-        max_in_flight=max_in_flight,
-        shutdown_grace=shutdown_grace,
-        limits=limits,
-        priority_aging_s=priority_aging_s,
-    )
+    final_stage_ids: Iterable[int] | Mapping[int, str],
+    options: OrchestratorOptions,
+) -> AsyncIterator[H]:
+    """Check the arguments, build the ``driver`` and its ``handle``, run the driver's
+    tasks for the block, and shut it down as :func:`open_asyncio_orchestrator` says."""
+    core, checked = prepare(stages, final_stage_ids, options, _check_stage)
+    running = driver(core, checked, options)
+    orchestrator = handle(running, options)
     with unwrap_single_exception():
-        async with orchestrator._running():  # noqa: SLF001 - the module's own factory
+        async with running.running():
             yield orchestrator
 
 
 @asynccontextmanager
 async def open_asyncio_orchestrator(
     stages: Sequence[AsyncioStage],
-    final_stage_ids: Iterable[int],
+    final_stage_ids: Iterable[int] | Mapping[int, str],
     *,
-    graph: Sequence[Iterable[int]] | None = None,
-    forward_fn: ForwardFn | None = None,
-    input_fn: InputFn | None = None,
-    prewarm_fn: PrewarmFn | None = None,
-    stage_idle_timeout: float | None = None,
-    max_in_flight: int | None = None,
-    priority_aging_s: float | None = DEFAULT_AGING_S,
-    shutdown_grace: float = 5.0,
-    max_unread_bytes: int = MAX_UNREAD_BYTES,
-    max_unread_outputs: int = MAX_UNREAD_OUTPUTS,
-    consumer_idle_timeout: float = CONSUMER_IDLE_TIMEOUT,
-    max_forward_bytes: int = MAX_FORWARD_BYTES,
+    options: OrchestratorOptions | None = None,
+    **keywords: Any,
 ) -> AsyncIterator[AsyncioOrchestrator]:
-    """The asyncio twin of :func:`omni_trio.open_orchestrator` (same arguments).
+    """The asyncio twin of :func:`omni_trio.open_orchestrator` (same arguments:
+    ``options=``, its fields as keywords, or both).
 
     Leaving the block aborts every in-flight request and delivers the aborts within
     ``shutdown_grace`` seconds, then cancels the tasks. Unlike the Trio version, the
     shutdown is not shielded: a second cancellation of the task leaving the block
     interrupts it (asyncio has no shield that waits, see ``docs/cancellation.md``).
     """
-    async with run_driver(
+    async with run_asyncio(
+        TwinDriver,
         AsyncioOrchestrator._create,  # noqa: SLF001 - the module's own factory
         stages,
         final_stage_ids,
-        graph=graph,
-        forward_fn=forward_fn,
-        input_fn=input_fn,
-        prewarm_fn=prewarm_fn,
-        stage_idle_timeout=stage_idle_timeout,
-        max_in_flight=max_in_flight,
-        priority_aging_s=priority_aging_s,
-        shutdown_grace=shutdown_grace,
-        max_unread_bytes=max_unread_bytes,
-        max_unread_outputs=max_unread_outputs,
-        consumer_idle_timeout=consumer_idle_timeout,
-        max_forward_bytes=max_forward_bytes,
+        options_of(options, keywords, "open_asyncio_orchestrator"),
     ) as orchestrator:
         yield orchestrator

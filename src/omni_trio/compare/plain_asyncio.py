@@ -17,11 +17,11 @@ items move. The shared test suite runs against both.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from .._core import ForwardFn, PrewarmFn
+from .._driver import OrchestratorOptions, options_of
 from .._flow import FlowLedger
 from .._inbox import InboxMessage, OutputsArrived, ShutdownCall
 from .._messages import OrchOutput
@@ -30,10 +30,11 @@ from .._util import NoPublicConstructor, final
 from .asyncio_orchestrator import (
     END_OF_OUTPUTS,
     AsyncioDriver,
+    AsyncioHandle,
     AsyncioOutboxBase,
     AsyncioStage,
     EndOfOutputs,
-    run_driver,
+    run_asyncio,
 )
 
 __all__ = ["PlainAsyncioOrchestrator", "PlainRequestStream", "open_plain_asyncio_orchestrator"]
@@ -117,26 +118,24 @@ class PlainRequestStream(StreamBase, metaclass=NoPublicConstructor):
 
 
 @final
-class PlainAsyncioOrchestrator(AsyncioDriver, metaclass=NoPublicConstructor):
-    """A running plain-design orchestrator; get one from
-    :func:`open_plain_asyncio_orchestrator`. Its API is the asyncio twin's, less the
-    batches (``next_outputs()``, ``receive_batch()``)."""
+class PlainDriver(AsyncioDriver):
+    """The plain design's hops: one item per ``await queue.get()``, everywhere."""
 
-    _results: _Queue
+    results: _Queue
     _inbox_size = 0  # unbounded, as a plain asyncio.Queue()
 
     @staticmethod
-    def _new_outbox() -> _Queue:
+    def new_outbox() -> _Queue:
         return _Queue()
 
     @staticmethod
-    def _new_stream(request_id: str, flow: FlowLedger) -> tuple[PlainRequestStream, _Queue]:
+    def new_stream(request_id: str, flow: FlowLedger) -> tuple[PlainRequestStream, _Queue]:
         outbox = _Queue(flow, request_id)
         return PlainRequestStream._create(request_id, outbox), outbox  # noqa: SLF001 - its own factory
 
     async def _handle(self) -> None:
-        core = self._core
-        dispatch = self._dispatch
+        dispatch = self.dispatch
+        core = dispatch.core
         inbox = self._inbox
         loop = asyncio.get_running_loop()
         try:
@@ -186,33 +185,34 @@ class PlainAsyncioOrchestrator(AsyncioDriver, metaclass=NoPublicConstructor):
             command = await queue.get()
             if command is None:
                 return  # shutdown: everything queued before it was delivered
-            await self._dispatch.deliver(stage, command, self._send)
+            await self.dispatch.deliver(stage, command)
+
+
+@final
+class PlainAsyncioOrchestrator(AsyncioHandle, metaclass=NoPublicConstructor):
+    """A running plain-design orchestrator; get one from
+    :func:`open_plain_asyncio_orchestrator`. Its API is the asyncio twin's, less the
+    batches (``next_outputs()``, ``receive_batch()``)."""
+
+    _results: _Queue
 
 
 @asynccontextmanager
 async def open_plain_asyncio_orchestrator(
     stages: Sequence[AsyncioStage],
-    final_stage_ids: Iterable[int],
+    final_stage_ids: Iterable[int] | Mapping[int, str],
     *,
-    forward_fn: ForwardFn | None = None,
-    prewarm_fn: PrewarmFn | None = None,
-    stage_idle_timeout: float | None = None,
-    max_in_flight: int | None = None,
-    shutdown_grace: float = 5.0,
-    **bounds: Any,
+    options: OrchestratorOptions | None = None,
+    **keywords: Any,
 ) -> AsyncIterator[PlainAsyncioOrchestrator]:
-    """The plain design around the core: arguments, API and shutdown are those of
-    :func:`~omni_trio.compare.open_asyncio_orchestrator` (``bounds``: its
-    flow-control arguments); only the hops differ."""
-    async with run_driver(
+    """The plain design around the core: arguments (``options=``, its fields as
+    keywords, or both), API and shutdown are those of
+    :func:`~omni_trio.compare.open_asyncio_orchestrator`; only the hops differ."""
+    async with run_asyncio(
+        PlainDriver,
         PlainAsyncioOrchestrator._create,  # noqa: SLF001 - the module's own factory
         stages,
         final_stage_ids,
-        forward_fn=forward_fn,
-        prewarm_fn=prewarm_fn,
-        stage_idle_timeout=stage_idle_timeout,
-        max_in_flight=max_in_flight,
-        shutdown_grace=shutdown_grace,
-        **bounds,
+        options_of(options, keywords, "open_plain_asyncio_orchestrator"),
     ) as orchestrator:
         yield orchestrator

@@ -383,15 +383,16 @@ async def _one(
         async for out in stream:
             if out.finish_reason in ("aborted", "error"):
                 continue
-            if out.stage_id == 0 and out.meta is not None and "usage" in out.meta:
+            text = out.output_type == "text"  # the thinker's; "audio": code2wav's
+            if text and out.meta is not None and "usage" in out.meta:
                 usage = int(out.meta["usage"]["completion_tokens"])
             if out.data is None:
                 continue
-            if out.stage_id == 0:
+            if text:
                 texts += 1
                 if on_text is not None:
                     on_text(out.data)
-            elif out.stage_id == 2:
+            elif out.output_type == "audio":
                 pcm_bytes += len(out.data)
                 if audio is not None:
                     audio += out.data
@@ -401,9 +402,10 @@ async def _one(
     if terminal.finish_reason != "completed":
         raise RuntimeError(f"request {request_id}: {terminal.finish_reason}: {terminal.error}")
     metrics = terminal.metrics
+    stage_of = {kind: stage_id for stage_id, kind in orch.output_types.items()}
     measured = Measured(
-        ttft=metrics.time_to_first_output(0) or 0.0,
-        ttfp=metrics.time_to_first_output(2) or 0.0,
+        ttft=metrics.time_to_first_output(stage_of["text"]) or 0.0,
+        ttfp=metrics.time_to_first_output(stage_of["audio"]) or 0.0,
         e2e=metrics.e2e_latency,
         audio_seconds=pcm_bytes / 2 / sample_rate,
         tokens=texts if usage is None else usage,  # the simulated thinker: a word an output

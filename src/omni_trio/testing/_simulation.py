@@ -28,10 +28,10 @@ import trio.testing
 from .._messages import OrchOutput, StageItem, StageOutput, StageRequest
 from .._orchestrator import Orchestrator, open_orchestrator
 from .._pipeline import Pipeline
+from .._process_pipeline import open_stages
 from .._util import final
 from ..config import PipelineConfig, resolve_pipeline
 from ..process._open import open_stage
-from ..process._pipeline import open_stages
 from ..process._stage import ProcessStage
 from ._faults import Fault, FaultPlan
 from ._network import SimLauncher, SimNetwork
@@ -424,7 +424,7 @@ async def open_simulated_pipeline(
                 nursery.start_soon(stage.relay)
             async with open_orchestrator(
                 traced,
-                resolved.final_stage_ids,
+                resolved.final_output_types,
                 **resolved.orchestrator_functions(),
                 **resolved.orchestrator_options,
                 new_request_id=_seeded_ids(rng),
