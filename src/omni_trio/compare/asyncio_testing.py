@@ -86,6 +86,7 @@ async def collect_outputs(orchestrator: AsyncioOrchestrator) -> list[OrchOutput]
 
 class _VirtualClock:
     now = 0.0
+    passes = 0  # the loop's passes: it asks its selector once per pass
 
 
 class _VirtualTimeSelector(selectors.DefaultSelector):
@@ -96,6 +97,7 @@ class _VirtualTimeSelector(selectors.DefaultSelector):
         self._clock = clock
 
     def select(self, timeout: float | None = None) -> list[tuple[Any, int]]:
+        self._clock.passes += 1
         events: list[tuple[Any, int]] = super().select(0)
         if events or timeout == 0:
             return events
@@ -115,6 +117,11 @@ class VirtualTimeEventLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._virtual_clock.now
+
+    @property
+    def passes(self) -> int:
+        """The loop's passes so far (each asks the selector once)."""
+        return self._virtual_clock.passes
 
     def block(self, seconds: float) -> None:
         """Pretend the running callback blocked the loop for ``seconds`` (a slow step)."""

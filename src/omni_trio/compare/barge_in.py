@@ -24,7 +24,6 @@ runs a variant whose player catches ``BaseException``.
 from __future__ import annotations
 
 import asyncio
-import selectors
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -35,6 +34,7 @@ import trio.testing
 
 from .._driver import OrchestratorStatistics
 from .._messages import OrchOutput
+from .asyncio_testing import VirtualTimeEventLoop
 from .frameworks import ASYNCIO, ASYNCIO_PLAIN, TRIO, Framework
 
 __all__ = [
@@ -340,44 +340,8 @@ def on_trio(*, player_swallows: bool = False) -> BargeIn:
 # -- asyncio: the consumer's task is cancelled --------------------------------------------
 
 
-@attrs.define
-class _VirtualClock:
-    now: float = 0.0
-    passes: int = 0
-
-
-class _CountingSelector(selectors.DefaultSelector):
-    """Never sleeps (time jumps to the next timer instead, as
-    :class:`~omni_trio.compare.asyncio_testing.VirtualTimeEventLoop`'s) and counts the
-    loop's passes: it is asked once per pass."""
-
-    def __init__(self, clock: _VirtualClock) -> None:
-        super().__init__()
-        self._clock = clock
-
-    def select(self, timeout: float | None = None) -> list[tuple[Any, int]]:
-        self._clock.passes += 1
-        events: list[tuple[Any, int]] = super().select(0)
-        if events or timeout == 0:
-            return events
-        if timeout is None:
-            result: list[tuple[Any, int]] = super().select(None)
-            return result
-        self._clock.now += timeout
-        return []
-
-
-class _CountingLoop(asyncio.SelectorEventLoop):
-    def __init__(self) -> None:
-        self.clock = _VirtualClock()
-        super().__init__(_CountingSelector(self.clock))
-
-    def time(self) -> float:
-        return self.clock.now
-
-
-def _run_counting(main: Callable[[_CountingLoop], Coroutine[Any, Any, T]]) -> T:
-    loop = _CountingLoop()
+def _run_counting(main: Callable[[VirtualTimeEventLoop], Coroutine[Any, Any, T]]) -> T:
+    loop = VirtualTimeEventLoop()
     try:
         asyncio.set_event_loop(loop)
         return loop.run_until_complete(main(loop))
@@ -394,9 +358,8 @@ def _run_counting(main: Callable[[_CountingLoop], Coroutine[Any, Any, T]]) -> T:
             loop.close()
 
 
-async def _asyncio_run(fw: Framework, swallows: bool, loop: _CountingLoop) -> BargeIn:
-    clock = loop.clock
-    probe = _Probe(loop.time, lambda: clock.passes)
+async def _asyncio_run(fw: Framework, swallows: bool, loop: VirtualTimeEventLoop) -> BargeIn:
+    probe = _Probe(loop.time, lambda: loop.passes)
     stages = _stages(fw, probe)
     heard_enough = asyncio.Event()
     async with fw.open_orchestrator(stages, {AUDIO}, prewarm_fn=_warm) as orch:
