@@ -29,7 +29,7 @@ TOOLS = PACKAGE.parents[1] / "tools"
 FOUNDATIONS = {"_util", "_checks", "_errors", "_messages", "_graph", "_priority"}
 #: omni_trio.testing's simulator (its _scripted stage is a driver's).
 SIMULATION = [
-    "_engines", "_faults", "_invariants", "_network", "_scheduler",
+    "_sim_engines", "_faults", "_invariants", "_network", "_scheduler",
     "_simulation", "_streams", "_trace", "_workload",
 ]  # fmt: skip
 
@@ -63,12 +63,12 @@ LAYERS = [
     layer("core", {"_core", "_decisions"}, {"foundations"}),
     layer(
         "neutral driver",
-        {"_sink", "_flow", "_inbox", "_dispatch", "_driver", "_scripted"},
+        {"_sink", "_flow", "_inbox", "_dispatch", "_driver", "_scripted_base"},
         {"foundations", "core"},
     ),
     layer(
         "drivers",
-        {"_outbox", "_stream", "_stage", "_orchestrator", "_slots", "testing._scripted"}
+        {"_outbox", "_stream", "_stage_protocol", "_orchestrator", "_slots", "testing._scripted"}
         | {"compare", "compare.*"},
         {"foundations", "core", "neutral driver"},
     ),

@@ -27,7 +27,7 @@ from omni_trio.serve._realtime_protocol import RealtimeError, decode_client_even
 from omni_trio.serve._realtime_state import (
     Cancel,
     Response,
-    Send,
+    SendEvent,
     SessionState,
     Start,
     status_of,
@@ -127,7 +127,7 @@ def kinds(commands: list[Any]) -> list[str]:
     """The commands, readably: an event's type, ``start``, ``cancel``."""
     out = []
     for command in commands:
-        if isinstance(command, Send):
+        if isinstance(command, SendEvent):
             out.append(json.loads(command.out.text)["type"])
         elif isinstance(command, Start):
             out.append("start")
@@ -724,7 +724,7 @@ def walk(actions: list[Action], *, speculate: bool) -> None:
         for command in state.commands():
             if isinstance(command, Start):
                 responses.append(command.response)
-            elif isinstance(command, Send) and '"response.done"' in command.out.text:
+            elif isinstance(command, SendEvent) and '"response.done"' in command.out.text:
                 done = json.loads(command.out.text)["response"]["id"]
                 told[done] = told.get(done, 0) + 1
             elif isinstance(command, Cancel):

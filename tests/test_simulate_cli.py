@@ -65,7 +65,7 @@ async_chunk = true
 shutdown_grace = 1.0
 [[stages]]
 stage_id = 0
-engine = "omni_trio.testing._engines:source"
+engine = "omni_trio.testing._sim_engines:source"
 engine_args = { count = 5, delay = 0.1 }
 final_output = true
 [stages.runtime]

@@ -183,7 +183,7 @@ consumer_idle_timeout = 0.5
 shutdown_grace = 1.0
 [[stages]]
 stage_id = 0
-engine = "omni_trio.testing._engines:source"
+engine = "omni_trio.testing._sim_engines:source"
 engine_args = { count = 5, delay = 0.1 }
 final_output = true
 [stages.runtime]
@@ -192,7 +192,7 @@ heartbeat_interval = 0.1
 heartbeat_timeout = 0.5
 [[stages]]
 stage_id = 1
-engine = "omni_trio.testing._engines:relay"
+engine = "omni_trio.testing._sim_engines:relay"
 final_output = true
 prewarm_func = "omni_trio.demo.engines:prewarm"
 [stages.runtime]
@@ -341,7 +341,7 @@ async def test_a_fault_on_nothing_is_skipped_and_says_so(autojump_clock):
 
 async def test_an_engine_that_needs_a_thread_fails_its_request_saying_why(autojump_clock):
     config = parse_pipeline(
-        CONFIG.replace("omni_trio.testing._engines:source", "test_simulation:threaded")
+        CONFIG.replace("omni_trio.testing._sim_engines:source", "test_simulation:threaded")
     )
     async with open_simulated_pipeline(config, seed=0) as sim:
         outputs = await read(sim)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from ._pipeline import open_pipeline as open_pipeline
     from ._slots import PrioritySlots as PrioritySlots
     from ._slots import SlotsStatistics as SlotsStatistics
-    from ._stage import Stage as Stage
+    from ._stage_protocol import Stage as Stage
     from ._stream import RequestStream as RequestStream
 
 _EXPORTS = {
@@ -41,7 +41,7 @@ _EXPORTS = {
     "._orchestrator": ["Orchestrator", "open_orchestrator"],
     "._pipeline": ["Pipeline", "PipelineStatistics", "open_pipeline"],
     "._slots": ["PrioritySlots", "SlotsStatistics"],
-    "._stage": ["Stage"],
+    "._stage_protocol": ["Stage"],
     "._stream": ["RequestStream"],
 }
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)

@@ -48,7 +48,7 @@ from ._inbox import (
 from ._messages import OrchOutput, StageItem
 from ._outbox import Outbox
 from ._slots import PrioritySlots
-from ._stage import Stage, check_stage
+from ._stage_protocol import Stage, check_stage
 from ._stream import RequestStream, new_stream
 from ._util import NoPublicConstructor, describe, final
 

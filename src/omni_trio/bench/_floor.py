@@ -6,7 +6,7 @@ inherited socket pair, both ends on :class:`trio.SocketStream`, with the wire's
 framing (a 4-byte big-endian length, then a msgspec-msgpack body) and nothing else:
 no relay, no orchestrator, one ``send_all`` per frame. A chunk travels as
 ``["floor", seq, chunk]``, built as the bench's engines build theirs
-(:func:`~omni_trio.bench._engines.stamped`), and is taken as arrived once it is
+(:func:`~omni_trio.bench._chunk_engines.stamped`), and is taken as arrived once it is
 decoded (copied out of the receive buffer).
 
 With a shared-memory area (``--shm``), the chunk goes through it instead: the sender
@@ -39,7 +39,7 @@ from typing import Any
 import msgspec
 import trio
 
-from ._engines import STAMP, stamped
+from ._chunk_engines import STAMP, stamped
 
 __all__ = ["Phase", "floor_chunks", "floor_outputs", "main"]
 

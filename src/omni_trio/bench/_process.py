@@ -79,13 +79,13 @@ connector = "shm"
 [[stages]]
 stage_id = 0
 name = "sender"
-engine = "omni_trio.bench._engines:chunk_sender"
+engine = "omni_trio.bench._chunk_engines:chunk_sender"
 
 [[stages]]
 stage_id = 1
 name = "reader"
-engine = "omni_trio.bench._engines:chunk_reader"
-prewarm_func = "omni_trio.bench._engines:same_input"
+engine = "omni_trio.bench._chunk_engines:chunk_reader"
+prewarm_func = "omni_trio.bench._chunk_engines:same_input"
 final_output = true
 """
 
@@ -98,20 +98,20 @@ connector = "shm"
 [[stages]]
 stage_id = 0
 name = "sender"
-engine = "omni_trio.bench._engines:chunk_sender"
+engine = "omni_trio.bench._chunk_engines:chunk_sender"
 
 [[stages]]
 stage_id = 1
 name = "sender2"
-engine = "omni_trio.bench._engines:chunk_sender"
+engine = "omni_trio.bench._chunk_engines:chunk_sender"
 engine_input_source = []
 
 [[stages]]
 stage_id = 2
 name = "joiner"
-engine = "omni_trio.bench._engines:chunk_joiner"
+engine = "omni_trio.bench._chunk_engines:chunk_joiner"
 engine_input_source = [0, 1]
-prewarm_func = "omni_trio.bench._engines:same_input"
+prewarm_func = "omni_trio.bench._chunk_engines:same_input"
 final_output = true
 """
 
@@ -124,7 +124,7 @@ connector = "none"
 [[stages]]
 stage_id = 0
 name = "source"
-engine = "omni_trio.bench._engines:output_source"
+engine = "omni_trio.bench._chunk_engines:output_source"
 final_output = true
 """
 

@@ -53,7 +53,7 @@ connector = "none"
 [[stages]]
 stage_id = 0
 name = "doomed"
-engine = "omni_trio.bench._engines:output_source"
+engine = "omni_trio.bench._chunk_engines:output_source"
 final_output = true
 [stages.runtime]
 backend = "ray"

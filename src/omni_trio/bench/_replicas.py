@@ -65,7 +65,7 @@ stage_id = 1
 name = "device"
 engine = "omni_trio.bench._device:device"
 engine_args = {{ step_seconds = {step_seconds}, batch = {batch} }}
-prewarm_func = "omni_trio.bench._engines:same_input"
+prewarm_func = "omni_trio.bench._chunk_engines:same_input"
 final_output = true
 [stages.runtime]
 replicas = {replicas}

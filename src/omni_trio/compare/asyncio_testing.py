@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from .._messages import OrchOutput, StageItem
-from .._scripted import ScriptedStageBase
+from .._scripted_base import ScriptedStageBase
 from .asyncio_orchestrator import END_OF_OUTPUTS, AsyncioOrchestrator
 
 __all__ = [

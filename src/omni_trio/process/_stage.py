@@ -392,6 +392,8 @@ class ProcessStage(metaclass=NoPublicConstructor):
         return replica
 
     # -- the Stage protocol -----------------------------------------------------------
+    # Each method starts with the unpooled case (no replicas here or downstream: replica
+    # 0, straight through): the common pipeline's hot path skips the placement's dicts.
 
     async def submit(self, request: StageRequest) -> None:
         """Send the request (its envelope, as the orchestrator hands it on) to its

@@ -119,26 +119,53 @@ class MemoryNetwork:
         self.shared_memory = shared_memory
         self.segments = segments
         self.connections = 0
-        self._listeners: dict[str, MemoryListener] = {}
+        self._listeners = ListenerTable("mem")
 
     async def listen(self, name: str) -> tuple[trio.abc.Listener[trio.abc.Stream], str]:
         await trio.lowlevel.checkpoint()
-        address = f"mem:{name}"
-        if address in self._listeners:
-            raise OSError(f"{address} is in use")
-        listener = MemoryListener(lambda: self._listeners.pop(address, None))
-        self._listeners[address] = listener
-        return listener, address
+        return self._listeners.listen(name)
 
     async def connect(self, address: str) -> tuple[trio.abc.Stream, bool]:
         await trio.lowlevel.checkpoint()
-        listener = self._listeners.get(address)
-        if listener is None:
-            raise ConnectionRefusedError(f"nobody listens at {address!r}")
+        listener = self._listeners.at(address)
         ours, theirs = trio.testing.memory_stream_pair()
         listener.incoming.send_nowait(theirs)
         self.connections += 1
         return ours, self.shared_memory
+
+
+@final
+class ListenerTable:
+    """The memory listeners of one network by address: what :class:`MemoryNetwork`
+    and the simulator's network share of ``listen`` and ``connect``."""
+
+    def __init__(self, scheme: str) -> None:
+        self._scheme = scheme
+        self._listeners: dict[str, MemoryListener] = {}
+
+    def listen(
+        self, name: str, on_close: Callable[[str], object] | None = None
+    ) -> tuple[MemoryListener, str]:
+        """A listener at ``<scheme>:<name>``, and that address; ``on_close(address)``
+        when it closes."""
+        address = f"{self._scheme}:{name}"
+        if address in self._listeners:
+            raise OSError(f"{address} is in use")
+
+        def closed() -> None:
+            self._listeners.pop(address, None)
+            if on_close is not None:
+                on_close(address)
+
+        listener = self._listeners[address] = MemoryListener(closed)
+        return listener, address
+
+    def at(self, address: str) -> MemoryListener:
+        """The listener at ``address``; ``ConnectionRefusedError`` if none."""
+        listener = self._listeners.get(address)
+        if listener is None:
+            raise ConnectionRefusedError(f"nobody listens at {address!r}")
+        return listener
 
 
 @final

@@ -18,8 +18,7 @@ import trio
 
 from ._protocol import OpenAIError
 from ._realtime_protocol import RealtimeError, decode_client_event, event_id_of
-from ._realtime_state import Cancel, Response, SessionState, Start, failed, status_of
-from ._realtime_state import Send as SendEvent
+from ._realtime_state import Cancel, Response, SendEvent, SessionState, Start, failed, status_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping

@@ -2,7 +2,7 @@
 orchestrator's): what each client event and each event of the voice activity
 detector does to the conversation, the input audio buffer, the turn being spoken and
 the responses -- and what must follow, as commands its Trio driver
-(``_realtime_session``) carries out in order: :class:`Send` an event to the client,
+(``_realtime_session``) carries out in order: :class:`SendEvent` an event to the client,
 :class:`Start` a response's request, :class:`Cancel` one.
 
 Turn-taking lives here: a turn starts with speech; with speculation a response starts
@@ -52,7 +52,7 @@ __all__ = [
     "Cancel",
     "Command",
     "Response",
-    "Send",
+    "SendEvent",
     "SessionState",
     "Start",
     "failed",
@@ -111,7 +111,7 @@ _BETWEEN = frozenset({TurnState.IDLE})
 
 
 @attrs.frozen
-class Send:
+class SendEvent:
     """Command: queue ``out`` for the client. A response's event (``response`` set)
     is dropped if the response is cancelled before it is written."""
 
@@ -135,7 +135,7 @@ class Cancel:
     response: Response
 
 
-Command: TypeAlias = Send | Start | Cancel
+Command: TypeAlias = SendEvent | Start | Cancel
 
 
 #: How long a turn whose speech started may go without audio before it is committed:
@@ -252,7 +252,7 @@ class SessionState:
 
     def error(self, error: RealtimeError) -> None:
         """A client event was refused: the client gets ``error``."""
-        self._commands.append(Send(Out(self._events.error(error))))
+        self._commands.append(SendEvent(Out(self._events.error(error))))
 
     def handle(self, event: ClientEvent) -> None:
         """A client event, handed to its handler by its type.
@@ -299,7 +299,7 @@ class SessionState:
         if state is ResponseState.HELD_ENDED:  # the turn is not over yet: these wait
             response.done = done
             return status
-        self._commands += [Send(Out(text)) for text in done]
+        self._commands += [SendEvent(Out(text)) for text in done]
         self.trace("response_done", response.events.id)
         self._finished(response)
         return status
@@ -313,7 +313,7 @@ class SessionState:
             trace(self.id, what, ref)
 
     def _put(self, type: str, **fields: Any) -> None:
-        self._commands.append(Send(Out(self._events.event(type, **fields))))
+        self._commands.append(SendEvent(Out(self._events.event(type, **fields))))
 
     def _view(self) -> dict[str, Any]:
         audio = {"format": {"type": "audio/pcm", "rate": SAMPLE_RATE}}
@@ -773,8 +773,8 @@ class SessionState:
         self._announce(response)
         backlog, response.backlog = response.backlog, []
         response.held_bytes = 0
-        self._commands += [Send(out, response) for out in backlog]
-        self._commands += [Send(Out(text)) for text in response.done]  # it ended while held
+        self._commands += [SendEvent(out, response) for out in backlog]
+        self._commands += [SendEvent(Out(text)) for text in response.done]  # it ended while held
         if state is ResponseState.TOLD:
             self._finished(response)
 
@@ -782,7 +782,9 @@ class SessionState:
         """``response.created``: its answer joins the conversation."""
         previous = self._previous_id()
         self._conversation.add(response.events.answer)
-        self._commands += [Send(Out(text), response) for text in response.events.created(previous)]
+        self._commands += [
+            SendEvent(Out(text), response) for text in response.events.created(previous)
+        ]
 
     def _previous_id(self) -> str | None:
         items = self._conversation.items

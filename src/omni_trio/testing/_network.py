@@ -18,7 +18,7 @@ import trio
 from .._util import final
 from ..process._launcher import LaunchedWorker
 from ..process._task_launcher import TaskHandle
-from ..process.testing import MemoryListener
+from ..process.testing import ListenerTable
 from ..process.worker._shm import MemorySegments, Segments
 from ..process.worker._threads import IN_SIMULATION
 from ._streams import Wire, open_wire
@@ -40,24 +40,16 @@ class _WorkerTransport:
 
     async def listen(self, name: str) -> tuple[trio.abc.Listener[trio.abc.Stream], str]:
         await trio.lowlevel.checkpoint()
-        address = f"sim:{name}"
-        if address in self._network.listeners:
-            raise OSError(f"{address} is in use")
-        network = self._network
-
-        def closed() -> None:
-            network.listeners.pop(address, None)
-            network.places.pop(address, None)
-
-        listener = network.listeners[address] = MemoryListener(closed)
-        network.places[address] = self._place
+        places = self._network.places
+        listener, address = self._network.listeners.listen(
+            name, lambda address: places.pop(address, None)
+        )
+        places[address] = self._place
         return listener, address
 
     async def connect(self, address: str) -> tuple[trio.abc.Stream, bool]:
         await trio.lowlevel.checkpoint()
-        listener = self._network.listeners.get(address)
-        if listener is None:
-            raise ConnectionRefusedError(f"nobody listens at {address!r}")
+        listener = self._network.listeners.at(address)
         wire, ours, theirs = open_wire()
         self._network.add_link(self._place, self._network.places[address], wire)
         listener.incoming.send_nowait(theirs)
@@ -85,7 +77,7 @@ class SimNetwork:
 
     def __init__(self) -> None:
         self.segments = MemorySegments()
-        self.listeners: dict[str, MemoryListener] = {}
+        self.listeners = ListenerTable("sim")
         self.places: dict[str, Place] = {}  # whose worker listens at each address
         self._links: list[_Link] = []
         self._controls: list[Wire] = []

@@ -13,7 +13,7 @@ import trio.testing
 
 from .._messages import OrchOutput, StageItem
 from .._orchestrator import Orchestrator
-from .._scripted import ScriptedStageBase
+from .._scripted_base import ScriptedStageBase
 
 __all__ = ["ScriptedStage", "collect_outputs"]
 

@@ -25,9 +25,9 @@ from .._messages import OrchOutput
 from .._util import final
 from ..config import PipelineConfig, parse_pipeline
 from ..process.worker import _worker
-from ._engines import expected_items
 from ._faults import FaultPlan
 from ._invariants import check_outputs, check_released, terminal_of
+from ._sim_engines import expected_items
 from ._simulation import RequestRecord, SimulatedPipeline, open_simulated_pipeline
 from ._streams import LINK_BUFFER
 from ._trace import Trace
@@ -71,7 +71,7 @@ consumer_idle_timeout = {CONSUMER_IDLE_TIMEOUT}
 _STAGE = """
 [[stages]]
 stage_id = {sid}
-engine = "omni_trio.testing._engines:{engine}"
+engine = "omni_trio.testing._sim_engines:{engine}"
 engine_args = {args}
 final_output = {final}
 {prewarm}
