@@ -713,17 +713,21 @@ def test_a_pipeline_that_does_not_start_is_one_line_and_status_2(tmp_path, engin
 
 def test_the_commands_defaults_are_the_servers():
     """``omni-trio serve`` names its defaults without importing the serve extra (it
-    may be missing): they must be the server's own."""
-    from omni_trio.cli import _parse
-    from omni_trio.serve import (
-        DEFAULT_MAX_REQUEST_BYTES,
-        DEFAULT_MAX_WAITING,
-        DEFAULT_WRITE_TIMEOUT,
-    )
+    may be missing): they must be the server's own, and RealtimeOptions'."""
+    import inspect
 
-    args = _parse(["serve", "demo", "--port", "0"])
-    assert args.max_waiting == DEFAULT_MAX_WAITING
-    assert args.max_request_bytes == DEFAULT_MAX_REQUEST_BYTES
-    assert args.write_timeout == DEFAULT_WRITE_TIMEOUT
+    from omni_trio.cli import _parse
+    from omni_trio.serve import RealtimeOptions, app_for_config, serve
+
+    args = _parse(["serve", "demo"])
+    served = inspect.signature(serve).parameters
+    app = inspect.signature(app_for_config).parameters
+    realtime = RealtimeOptions()
+    assert (args.host, args.port) == (served["host"].default, served["port"].default)
+    assert args.write_timeout == served["write_timeout"].default
+    for name in ("max_waiting", "max_request_bytes", "max_audio_seconds"):
+        assert getattr(args, name) == app[name].default, name
+    for name in ("max_sessions", "max_buffer_seconds", "max_event_bytes", "idle_timeout"):
+        assert getattr(args, f"realtime_{name}") == getattr(realtime, name), name
     assert args.tune_gc is True
     assert _parse(["serve", "--no-gc-tuning"]).tune_gc is False

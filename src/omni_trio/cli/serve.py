@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..serve import _defaults as defaults
 from ._common import (
     Commands,
     UsageError,
@@ -53,15 +54,15 @@ def add_parser(commands: Commands) -> None:
         "assistant (default: demo)",
     )
     serve.add_argument(
-        "--host", default="127.0.0.1", help="the address to listen on (default: %(default)s)"
+        "--host", default=defaults.HOST, help="the address to listen on (default: %(default)s)"
     )
     serve.add_argument(
-        "--port", type=port, default=8000, help="0: any free port (default: %(default)s)"
+        "--port", type=port, default=defaults.PORT, help="0: any free port (default: %(default)s)"
     )
     serve.add_argument(
         "--max-waiting",
         type=count,
-        default=64,
+        default=defaults.MAX_WAITING,
         metavar="N",
         help="requests that may wait for a max_in_flight slot; more get 503 at once "
         "(default: %(default)s)",
@@ -69,7 +70,7 @@ def add_parser(commands: Commands) -> None:
     serve.add_argument(
         "--max-request-bytes",
         type=positive_int,
-        default=1024 * 1024,
+        default=defaults.MAX_REQUEST_BYTES,
         metavar="N",
         help="the largest request body the server reads; a longer one gets 413 "
         "(default: %(default)s, 1 MiB)",
@@ -77,7 +78,7 @@ def add_parser(commands: Commands) -> None:
     serve.add_argument(
         "--max-audio-seconds",
         type=positive_number,
-        default=300.0,
+        default=defaults.MAX_AUDIO_SECONDS,
         metavar="SECONDS",
         help="the longest audio /v1/audio/transcriptions takes; a longer file gets 400 "
         "(default: %(default)g)",
@@ -85,7 +86,7 @@ def add_parser(commands: Commands) -> None:
     serve.add_argument(
         "--write-timeout",
         type=seconds,
-        default=75.0,
+        default=defaults.WRITE_TIMEOUT,
         metavar="SECONDS",
         help="a client that leaves the server's writes unread this long (its socket open, "
         "its receive window shut) is disconnected; 0: never (default: %(default)g)",
@@ -101,28 +102,28 @@ def add_parser(commands: Commands) -> None:
     realtime.add_argument(
         "--realtime-max-sessions",
         type=positive_int,
-        default=16,
+        default=defaults.REALTIME_MAX_SESSIONS,
         metavar="N",
         help="sessions at once; the next upgrade gets 503 (default: %(default)s)",
     )
     realtime.add_argument(
         "--realtime-max-buffer-seconds",
         type=positive_number,
-        default=60.0,
+        default=defaults.REALTIME_MAX_BUFFER_SECONDS,
         metavar="SECONDS",
         help="the input audio a session may buffer uncommitted (default: %(default)g)",
     )
     realtime.add_argument(
         "--realtime-max-event-bytes",
         type=positive_int,
-        default=1024 * 1024,
+        default=defaults.REALTIME_MAX_EVENT_BYTES,
         metavar="N",
         help="the largest client event (default: %(default)s, 1 MiB)",
     )
     realtime.add_argument(
         "--realtime-idle-timeout",
         type=positive_number,
-        default=300.0,
+        default=defaults.REALTIME_IDLE_TIMEOUT,
         metavar="SECONDS",
         help="a session with no client event this long (and no response streaming) is "
         "closed (default: %(default)g)",

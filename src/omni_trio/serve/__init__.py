@@ -11,9 +11,6 @@ from typing import TYPE_CHECKING
 from .._util import lazy_exports
 
 if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
-    from ._app import DEFAULT_MAX_AUDIO_SECONDS as DEFAULT_MAX_AUDIO_SECONDS
-    from ._app import DEFAULT_MAX_REQUEST_BYTES as DEFAULT_MAX_REQUEST_BYTES
-    from ._app import DEFAULT_MAX_WAITING as DEFAULT_MAX_WAITING
     from ._app import OpenPipeline as OpenPipeline
     from ._app import ServedPipeline as ServedPipeline
     from ._app import app_for_config as app_for_config
@@ -23,15 +20,10 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from ._model import SpeechRoute as SpeechRoute
     from ._protocol import OpenAIError as OpenAIError
     from ._realtime_options import RealtimeOptions as RealtimeOptions
-    from ._server import DEFAULT_PORT as DEFAULT_PORT
-    from ._server import DEFAULT_WRITE_TIMEOUT as DEFAULT_WRITE_TIMEOUT
     from ._server import serve as serve
 
 _EXPORTS = {
     "._app": [
-        "DEFAULT_MAX_AUDIO_SECONDS",
-        "DEFAULT_MAX_REQUEST_BYTES",
-        "DEFAULT_MAX_WAITING",
         "OpenPipeline",
         "ServedPipeline",
         "app_for_config",
@@ -40,7 +32,7 @@ _EXPORTS = {
     "._model": ["FinalOutput", "ServedModel", "SpeechRoute"],
     "._protocol": ["OpenAIError"],
     "._realtime_options": ["RealtimeOptions"],
-    "._server": ["DEFAULT_PORT", "DEFAULT_WRITE_TIMEOUT", "serve"],
+    "._server": ["serve"],
 }
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)
 # Imported on first use: the command line imports this package before it knows

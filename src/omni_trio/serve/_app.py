@@ -21,8 +21,9 @@ from starlette.types import ASGIApp
 
 from .._checks import check_positive_int
 from .._priority import check_priority
+from . import _defaults as defaults
 from ._answer import Plan
-from ._body import DEFAULT_MAX_REQUEST_BYTES, read_body, refuse
+from ._body import read_body, refuse
 from ._chat import ChatResponse, send_json
 from ._metrics import CONTENT_TYPE
 from ._model import ServedModel
@@ -33,7 +34,7 @@ from ._realtime_options import RealtimeOptions
 from ._response import EndpointResponse
 from ._speech import SpeechResponse, plan_speech
 from ._state import DEFAULT_PRIORITIES, OutputsHook, ServerState
-from ._transcription import DEFAULT_MAX_AUDIO_SECONDS, TranscriptionResponse, plan_transcription
+from ._transcription import TranscriptionResponse, plan_transcription
 
 if TYPE_CHECKING:
     from .._orchestrator import Orchestrator
@@ -41,9 +42,6 @@ if TYPE_CHECKING:
     from ._chat import Receive, Scope, Send
 
 __all__ = [
-    "DEFAULT_MAX_AUDIO_SECONDS",
-    "DEFAULT_MAX_REQUEST_BYTES",
-    "DEFAULT_MAX_WAITING",
     "OpenPipeline",
     "ServedPipeline",
     "app_for_config",
@@ -51,8 +49,6 @@ __all__ = [
     "server_state",
 ]
 
-#: Requests that may wait for a ``max_in_flight`` slot before more get 503.
-DEFAULT_MAX_WAITING = 64
 _CHAT_PATH = "/v1/chat/completions"
 _REALTIME_PATH = "/v1/realtime"
 
@@ -84,11 +80,11 @@ def create_app(
     model: ServedModel,
     open_pipeline: OpenPipeline,
     *,
-    max_waiting: int = DEFAULT_MAX_WAITING,
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    max_waiting: int = defaults.MAX_WAITING,
+    max_request_bytes: int = defaults.MAX_REQUEST_BYTES,
     on_outputs: OutputsHook | None = None,
     realtime: RealtimeOptions | None = None,
-    max_audio_seconds: float = DEFAULT_MAX_AUDIO_SECONDS,
+    max_audio_seconds: float = defaults.MAX_AUDIO_SECONDS,
     priorities: Mapping[str, int] | None = None,
 ) -> Starlette:
     """An OpenAI-compatible ASGI app serving ``model``: chat completions, the
@@ -313,11 +309,11 @@ def _priorities(given: Mapping[str, int] | None) -> dict[str, int]:
 def app_for_config(
     config: PipelineConfig,
     *,
-    max_waiting: int = DEFAULT_MAX_WAITING,
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    max_waiting: int = defaults.MAX_WAITING,
+    max_request_bytes: int = defaults.MAX_REQUEST_BYTES,
     on_outputs: OutputsHook | None = None,
     realtime: RealtimeOptions | None = None,
-    max_audio_seconds: float = DEFAULT_MAX_AUDIO_SECONDS,
+    max_audio_seconds: float = defaults.MAX_AUDIO_SECONDS,
 ) -> Starlette:
     """:func:`create_app` for a pipeline config: its lifespan runs the config's
     pipeline (:func:`omni_trio.open_pipeline`)."""

@@ -18,14 +18,10 @@ if TYPE_CHECKING:
     from ._chat import Receive, Scope, Send
 
 __all__ = [
-    "DEFAULT_MAX_REQUEST_BYTES",
     "read_body",
     "refuse",
     "too_large",
 ]
-
-#: The largest request body the server reads (1 MiB).
-DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024
 
 
 def too_large(limit: int, length: int | None = None) -> OpenAIError:

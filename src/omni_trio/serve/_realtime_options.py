@@ -14,6 +14,7 @@ import attrs
 
 from .._checks import check_positive_int, check_seconds
 from .._priority import check_priority
+from . import _defaults as defaults
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -99,14 +100,19 @@ class RealtimeOptions:
           voice bench does; it must not block.
     """
 
-    max_sessions: int = attrs.field(default=16, validator=_positive_int("max_sessions"))
+    max_sessions: int = attrs.field(
+        default=defaults.REALTIME_MAX_SESSIONS, validator=_positive_int("max_sessions")
+    )
     max_buffer_seconds: float = attrs.field(
-        default=60.0, validator=_positive_seconds("max_buffer_seconds")
+        default=defaults.REALTIME_MAX_BUFFER_SECONDS,
+        validator=_positive_seconds("max_buffer_seconds"),
     )
     max_event_bytes: int = attrs.field(
-        default=1024 * 1024, validator=_positive_int("max_event_bytes")
+        default=defaults.REALTIME_MAX_EVENT_BYTES, validator=_positive_int("max_event_bytes")
     )
-    idle_timeout: float = attrs.field(default=300.0, validator=_positive_seconds("idle_timeout"))
+    idle_timeout: float = attrs.field(
+        default=defaults.REALTIME_IDLE_TIMEOUT, validator=_positive_seconds("idle_timeout")
+    )
     speculate: bool = True
     speculate_after_ms: int = attrs.field(
         default=150, validator=_positive_int("speculate_after_ms")

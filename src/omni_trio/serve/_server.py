@@ -20,20 +20,15 @@ from starlette.applications import Starlette
 
 from .._checks import check_seconds
 from .._errors import unwrap_single_exception
+from . import _defaults as defaults
 from ._app import server_state
 from ._state import ServerState
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
-__all__ = ["DEFAULT_PORT", "DEFAULT_WRITE_TIMEOUT", "serve"]
+__all__ = ["serve"]
 
-DEFAULT_PORT = 8000
-#: Seconds a client may leave the server's writes unread (its receive window shut)
-#: before the kernel drops its connection: longer than the default
-#: ``consumer_idle_timeout`` (60 s), so that a silent client's request ends with its
-#: error terminal first.
-DEFAULT_WRITE_TIMEOUT = 75.0
 #: Seconds the server gives open connections to take their last bytes once it stops.
 _CLOSE_GRACE = 2.0
 #: While a server runs, a full garbage collection comes at most once per this many
@@ -49,11 +44,11 @@ def _bind(host: str, port: int) -> str:
 async def serve(
     app: Starlette,
     *,
-    host: str = "127.0.0.1",
-    port: int = DEFAULT_PORT,
+    host: str = defaults.HOST,
+    port: int = defaults.PORT,
     stopping: trio.Event | None = None,
     shutdown_grace: float = 5.0,
-    write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+    write_timeout: float = defaults.WRITE_TIMEOUT,
     tune_gc: bool = True,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:

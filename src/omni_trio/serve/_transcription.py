@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from ._state import ServerState, Ticket
 
 __all__ = [
-    "DEFAULT_MAX_AUDIO_SECONDS",
     "TRANSCRIPTION_FORMATS",
     "TranscriptionPlan",
     "TranscriptionResponse",
@@ -45,8 +44,6 @@ __all__ = [
 ]
 
 TRANSCRIPTION_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
-#: The longest audio a transcription takes by default (``--max-audio-seconds``).
-DEFAULT_MAX_AUDIO_SECONDS = 300.0
 
 
 @attrs.frozen
