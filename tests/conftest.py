@@ -56,7 +56,7 @@ def _no_shared_memory_left_behind():
 def _ray_cluster_for_every_stage():
     """``OMNI_TRIO_STAGE_BACKEND=ray``: the tests' pipelines run on Ray actors, on a
     local two-node cluster up for the session."""
-    from omni_trio.process import local_ray_cluster
+    from omni_trio.process.testing import local_ray_cluster
 
     with local_ray_cluster({"node_a": 8}, {"node_b": 8}):
         yield

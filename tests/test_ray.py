@@ -24,7 +24,8 @@ import trio
 
 from omni_trio.bench._ray import on_nodes
 from omni_trio.config import load_pipeline
-from omni_trio.process import WorkerStartError, local_ray_cluster, open_ray_stage
+from omni_trio.process import WorkerStartError, open_ray_stage
+from omni_trio.process.testing import local_ray_cluster
 from omni_trio.process.worker._ray_actor import StageActor
 from processes import eventually, pipeline_config, pipeline_text, running
 from test_dataplane import SIZES, assert_whole, run_requests

@@ -27,7 +27,7 @@ import time
 
 import ray
 
-from omni_trio.process import local_ray_cluster
+from omni_trio.process.testing import local_ray_cluster
 
 
 @ray.remote

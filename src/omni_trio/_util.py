@@ -128,7 +128,9 @@ def _ours(value: object, namespace: str, module: str) -> bool:
 
 
 def lazy_exports(
-    namespace: str, exports: Mapping[str, Iterable[str]]
+    namespace: str,
+    exports: Mapping[str, Iterable[str]],
+    moved: Mapping[str, str] | None = None,
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``__getattr__`` and ``__dir__`` for a package that re-exports names on demand.
 
@@ -139,6 +141,11 @@ def lazy_exports(
     object of a loaded module reports the namespace as its ``__module__`` (reprs and
     docs say ``omni_trio.process.ProcessStage``, not ``omni_trio.process._stage...``),
     including modules that were loaded some other way before the first lookup.
+
+    ``moved`` maps a name that lived here once to the namespace it lives in now: it is
+    still found here for one version, with an
+    :class:`~omni_trio.OmniTrioDeprecationWarning` naming its new home, and is in
+    neither ``__all__`` nor ``dir()``.
     """
     modules = {importlib.util.resolve_name(m, namespace): list(n) for m, n in exports.items()}
     where = {name: module for module, names in modules.items() for name in names}
@@ -159,7 +166,19 @@ def lazy_exports(
     def __getattr__(name: str) -> Any:
         module = where.get(name)
         if module is None:
-            raise AttributeError(f"module {namespace!r} has no attribute {name!r}")
+            home = (moved or {}).get(name)
+            if home is None:
+                raise AttributeError(f"module {namespace!r} has no attribute {name!r}")
+            import warnings
+
+            from ._errors import OmniTrioDeprecationWarning
+
+            warnings.warn(
+                f"{namespace}.{name} goes in omni-trio's next version: import it from {home}",
+                OmniTrioDeprecationWarning,
+                stacklevel=2,
+            )
+            return getattr(importlib.import_module(home), name)
         importlib.import_module(module)
         return publish()[name]
 

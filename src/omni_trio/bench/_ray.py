@@ -2,7 +2,7 @@
 same stages as worker processes, in the same run.
 
 ``python -m omni_trio.bench._ray [--quick]`` starts a local multi-node cluster
-(:func:`omni_trio.process.local_ray_cluster`: a head with no CPUs and two worker
+(:func:`omni_trio.process.testing.local_ray_cluster`: a head with no CPUs and two worker
 nodes, every port on 127.0.0.1), runs the scenarios and prints their results as
 JSON; :mod:`omni_trio.bench._ray_report` judges the goals and prints the table.
 

@@ -169,5 +169,8 @@ ASYNCIO_PLAIN = attrs.evolve(
     ASYNCIO, name="asyncio-plain", open_orchestrator=open_plain_asyncio_orchestrator, batches=False
 )
 
+#: The four frameworks by name (``"trio"``, ``"asyncio"``, ``"asyncio+uvloop"``,
+#: ``"asyncio-plain"``); ``TRIO``, ``ASYNCIO``, ``ASYNCIO_UVLOOP`` and
+#: ``ASYNCIO_PLAIN`` are each.
 FRAMEWORKS = {fw.name: fw for fw in (TRIO, ASYNCIO, ASYNCIO_UVLOOP, ASYNCIO_PLAIN)}
 """Every framework, by name."""

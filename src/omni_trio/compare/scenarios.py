@@ -36,17 +36,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised by the 3.10 session
     from taskgroup import TaskGroup, timeout
 
-__all__ = [
-    "EXPECTED",
-    "EXPECTED_PLAIN",
-    "SCENARIOS",
-    "Outcome",
-    "Scenario",
-    "expected_plain_verdict",
-    "expected_verdicts",
-    "run_plain",
-    "run_scenario",
-]
+# The public names; EXPECTED, EXPECTED_PLAIN, expected_plain_verdict and run_plain are
+# ``omni-trio compare``'s own (docs/api.md, "What is not API").
+__all__ = ["SCENARIOS", "Outcome", "Scenario", "expected_verdicts", "run_scenario"]
 
 
 @attrs.frozen
@@ -70,6 +62,7 @@ class Scenario:
     run_plain: Callable[[], Outcome] | None = None
 
 
+#: Every scenario, in the order ``omni-trio compare`` runs them.
 SCENARIOS: list[Scenario] = []
 
 

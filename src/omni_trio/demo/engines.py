@@ -43,6 +43,7 @@ __all__ = [
     "voice_thinker",
 ]
 
+#: The rate of code2wav's PCM (16-bit mono).
 SAMPLE_RATE = 24_000
 FRAME_SECONDS = 0.04  # one codec code
 CODES_PER_CHUNK = 25  # one second of audio per code2wav output

@@ -36,8 +36,6 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from ._stage import ProcessStageStatistics as ProcessStageStatistics
     from ._stage import ReplicaStatistics as ReplicaStatistics
     from ._stage import WorkerUnavailableError as WorkerUnavailableError
-    from .testing import LocalRayCluster as LocalRayCluster
-    from .testing import local_ray_cluster as local_ray_cluster
     from .worker._engine import ChunkIO as ChunkIO
     from .worker._engine import ChunkLostError as ChunkLostError
     from .worker._engine import Engine as Engine
@@ -49,7 +47,6 @@ if TYPE_CHECKING:  # what __getattr__ provides, spelled out for type checkers
     from .worker._threads import in_simulation as in_simulation
     from .worker._threads import run_in_thread as run_in_thread
     from .worker._threads import stream_in_thread as stream_in_thread
-    from .worker._wire import MAX_FRAME as MAX_FRAME
     from .worker._wire import ProtocolError as ProtocolError
 
 _EXPORTS = {
@@ -67,8 +64,6 @@ _EXPORTS = {
         "ReplicaStatistics",
         "WorkerUnavailableError",
     ],
-    # where they lived first: omni_trio.process.testing is their home now
-    ".testing": ["LocalRayCluster", "local_ray_cluster"],
     ".worker._engine": [
         "ChunkIO",
         "ChunkLostError",
@@ -79,9 +74,12 @@ _EXPORTS = {
         "ReaderUnavailableError",
     ],
     ".worker._threads": ["SimulationError", "in_simulation", "run_in_thread", "stream_in_thread"],
-    ".worker._wire": ["MAX_FRAME", "ProtocolError"],
+    ".worker._wire": ["ProtocolError"],
 }
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)
 # Imported on first use: a stage worker imports this package but needs none of it
 # but the engine API.
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+# Where they lived first (documented in docs/cluster.md): found here, with a
+# deprecation warning, for one more version.
+_MOVED = {name: "omni_trio.process.testing" for name in ("LocalRayCluster", "local_ray_cluster")}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _MOVED)
