@@ -112,8 +112,7 @@ async def open_pipeline(
         open_orchestrator(
             processes.stages,
             resolved.final_output_types,  # {stage_id: final_output_type}
-            **resolved.orchestrator_functions(),
-            **resolved.orchestrator_options,
+            options=resolved.options(),
         ) as orchestrator,
     ):
         yield Pipeline._create(resolved, orchestrator, processes)  # noqa: SLF001 - its own factory

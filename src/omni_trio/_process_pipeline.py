@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 
 from ._util import final, stage_label
-from .config import PipelineConfig
+from .config import OutputType, PipelineConfig
 from .process._connector import ShmConnector, open_shm_connector
 from .process._open import open_inprocess_stage, open_process_stage
 from .process._stage import ProcessStage
@@ -50,8 +50,10 @@ class ProcessPipeline:
     connector: ShmConnector | None
 
     @property
-    def orchestrator_args(self) -> tuple[list[ProcessStage], frozenset[int]]:
-        return self.stages, self.config.final_stage_ids
+    def orchestrator_args(self) -> tuple[list[ProcessStage], dict[int, OutputType]]:
+        """The stages, and the final ones with what each emits (so every output says
+        its ``output_type``)."""
+        return self.stages, self.config.final_output_types
 
     @property
     def orchestrator_kwargs(self) -> dict[str, Any]:

@@ -64,6 +64,7 @@ import attrs
 import msgspec
 
 from ._core import MAX_FORWARD_BYTES
+from ._driver import OrchestratorOptions
 from ._flow import CONSUMER_IDLE_TIMEOUT, MAX_UNREAD_BYTES, MAX_UNREAD_OUTPUTS
 from ._graph import StageGraph
 from ._priority import DEFAULT_AGING_S, PRIORITY_MAX, PRIORITY_MIN
@@ -339,6 +340,16 @@ class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, f
             return data if func is None else func(data)
 
         return {"graph": self.stage_inputs, "input_fn": input_fn}
+
+    def options(self) -> OrchestratorOptions:
+        """Everything :func:`omni_trio.open_orchestrator` takes from this config, as
+        one :class:`~omni_trio.OrchestratorOptions`: :meth:`orchestrator_functions`
+        and :attr:`orchestrator_options`.
+
+        Raises:
+          ConfigError: a function's import path cannot be imported (named by key).
+        """
+        return OrchestratorOptions(**self.orchestrator_functions(), **self.orchestrator_options)
 
     @property
     def orchestrator_options(self) -> dict[str, Any]:

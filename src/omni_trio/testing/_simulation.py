@@ -425,8 +425,7 @@ async def open_simulated_pipeline(
             async with open_orchestrator(
                 traced,
                 resolved.final_output_types,
-                **resolved.orchestrator_functions(),
-                **resolved.orchestrator_options,
+                options=resolved.options(),
                 new_request_id=_seeded_ids(rng),
             ) as orchestrator:
                 pipeline = Pipeline._create(resolved, orchestrator, processes)  # noqa: SLF001
