@@ -16,7 +16,7 @@ The long answers' audio comes in large outputs (80 s, 3.84 MB each, nearly the w
 4 MiB window), and what each stalled request holds is held to twice its window: the
 server writes a large output's event a piece at a time, a worker out of credit holds
 its engine before it makes its next output, not with it in hand, and the server and
-its workers give freed buffers of a MiB or more back to the system.
+its workers give freed buffers of 2 MiB or more back to the system.
 
 The well-behaved requests' median latency against the baseline's (within 20%) is the
 benchmark's to judge, over 60 s: ten requests on a shared two-core machine are too few

@@ -191,14 +191,18 @@ def lazy_exports(
 
 
 #: Allocations of this many bytes or more go back to the system once freed, in a
-#: process that called :func:`return_large_buffers`.
-LARGE_BUFFER = 1 << 20
-_M_MMAP_THRESHOLD = -3  # mallopt's parameter, in glibc's malloc.h
+#: process that called :func:`return_large_buffers`. Above the bench's 1 MB chunks
+#: (their frames are a few bytes over 1 MiB): at 1 MiB, each such hop paid for the
+#: ``mmap`` and first touch of every buffer it went through, and ran at 0.3x.
+LARGE_BUFFER = 2 << 20
+_M_TRIM_THRESHOLD = -1  # mallopt's parameters, in glibc's malloc.h
+_M_MMAP_THRESHOLD = -3
 
 
 def return_large_buffers(threshold: int = LARGE_BUFFER) -> bool:
-    """Pin glibc's ``malloc`` mmap threshold at ``threshold`` bytes in this process;
-    return whether it did (``False`` on another C library, left alone).
+    """Pin glibc's ``malloc`` mmap threshold at ``threshold`` bytes in this process,
+    and its trim threshold at twice that; return whether it did (``False`` on another
+    C library, left alone).
 
     glibc serves an allocation of the threshold or more (128 KiB at first) with an
     ``mmap`` of its own, which ``free`` hands back to the system. But each time it
@@ -209,7 +213,10 @@ def return_large_buffers(threshold: int = LARGE_BUFFER) -> bool:
     after they were freed. Pinned (which turns the raising off), a buffer of
     ``threshold`` bytes or more always comes from ``mmap`` and goes back when freed,
     at the cost of an ``mmap`` and its pages' first touch; smaller ones come from the
-    heap, as before. ``omni-trio serve`` and the worker processes pin it.
+    heap, as before. The trim threshold is what glibc's raising would have set with
+    it (twice the mmap threshold): left at its 128 KiB, every free at the heap's top
+    handed pages back that the next buffer faulted in again (48 KB chunks between
+    workers ran at 0.6x). ``omni-trio serve`` and the worker processes pin both.
     """
     import ctypes
 
@@ -221,4 +228,6 @@ def return_large_buffers(threshold: int = LARGE_BUFFER) -> bool:
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, threshold))
+    return bool(mallopt(_M_MMAP_THRESHOLD, threshold)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, 2 * threshold)
+    )

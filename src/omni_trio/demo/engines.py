@@ -231,13 +231,13 @@ async def _each(words: list[str]) -> AsyncGenerator[str, None]:
 
 def code2wav(chunk_codes: int = CODES_PER_CHUNK) -> Engine:
     """Stage 2: PCM audio (16-bit mono, 24 kHz), one output per ``chunk_codes`` codes."""
-    table = _tone_table()
+    # Each code's frame as bytes, joined once: the output is made in one allocation of
+    # its final size (an array grown frame by frame left a trail of freed buffers up
+    # to its size, which the worker's heap kept as RSS).
+    frames = [frame.tobytes() for frame in _tone_table()]
 
     def render(codes: list[int]) -> bytes:
-        pcm = array("h")
-        for code in codes:
-            pcm.extend(table[code % len(table)])
-        return pcm.tobytes()
+        return b"".join([frames[code % len(frames)] for code in codes])
 
     async def engine(request: EngineRequest, io: ChunkIO) -> AsyncIterator[Any]:
         pending: list[int] = []

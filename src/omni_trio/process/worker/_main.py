@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     quietly. (Trio installs its ``KeyboardInterrupt`` handler only over Python's
     default SIGINT handler, so an ignored SIGINT stays ignored under ``trio.run``.)
 
-    Buffers of a MiB or more go back to the system once freed
+    Buffers of 2 MiB or more go back to the system once freed
     (:func:`~omni_trio._util.return_large_buffers`): an engine's large outputs, and
     the frames they go out in, do not stay as RSS once sent.
     """
